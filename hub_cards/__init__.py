@@ -1,0 +1,5 @@
+"""Model cards and bank cards rendered from metadata and measured evaluation results."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,9 @@
+"""The project's own ``PreTrainedModel`` families, each a flat folder that can be pushed to the Hub.
+
+Families (see DESIGN.md): ``asm`` (ASMForCausalLM), ``air`` (AIRSolver), ``arith``
+(ArithTransformer). Each is registered here with the Auto classes once it lands.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

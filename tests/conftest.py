@@ -1,0 +1,80 @@
+"""Test-suite setup: offline Hub, Triton interpreter on CPU, seeds, markers, no network."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports huggingface_hub / transformers: never reach the Hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import random  # noqa: E402
+import socket  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Before any @triton.jit module is imported: interpret kernels when no GPU is visible.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+SEED = 0
+
+
+class NetworkAccessError(RuntimeError):
+    """Raised when a test opens a network connection."""
+
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _is_local_ipc(sock: socket.socket) -> bool:
+    return getattr(socket, "AF_UNIX", None) is not None and sock.family == socket.AF_UNIX
+
+
+def _guarded_connect(self: socket.socket, address, *args, **kwargs):
+    if _is_local_ipc(self):
+        return _real_connect(self, address, *args, **kwargs)
+    raise NetworkAccessError(f"tests must not use the network (tried to connect to {address!r})")
+
+
+def _guarded_connect_ex(self: socket.socket, address, *args, **kwargs):
+    if _is_local_ipc(self):
+        return _real_connect_ex(self, address, *args, **kwargs)
+    raise NetworkAccessError(f"tests must not use the network (tried to connect to {address!r})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    socket.socket.connect = _guarded_connect
+    socket.socket.connect_ex = _guarded_connect_ex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    socket.socket.connect = _real_connect
+    socket.socket.connect_ex = _real_connect_ex
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is visible")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything() -> None:
+    random.seed(SEED)
+    np.random.seed(SEED)
+    torch.manual_seed(SEED)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded SmolLM2-135M-Instruct, loaded once per test session (read-only use)."""
+    from hf_memory import load_default_model
+
+    return load_default_model()

