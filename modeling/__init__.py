@@ -6,4 +6,11 @@ Families (see DESIGN.md): ``asm`` (ASMForCausalLM), ``air`` (AIRSolver), ``arith
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from transformers import AutoConfig, AutoModel
+
+from .arith import ArithConfig, ArithTransformer
+
+AutoConfig.register(ArithConfig.model_type, ArithConfig, exist_ok=True)
+AutoModel.register(ArithConfig, ArithTransformer, exist_ok=True)
+
+__all__: list[str] = ["ArithConfig", "ArithTransformer"]
