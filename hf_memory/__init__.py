@@ -1,32 +1,50 @@
 """Memory inception on stock Llama / Qwen models, and memory analysis tools.
 
-Heavy dependencies (torch, transformers) are imported on first use, so ``hf-memory --help``
-stays fast.
+Typical use::
+
+    model, tokenizer = load_default_model()
+    bank = MemoryBank.from_text(model, tokenizer, "I worry about everything.", role="target")
+    with steer(model, BankSet([bank], model=model), layers=[10, 11, 12]):
+        model.generate(**inputs)
+
+Names are imported on first access, so ``import hf_memory`` (and ``hf-memory --help``) does not
+pay for torch and transformers until they are needed.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as _metadata
-
-from .chat import chat_messages, generate_chat
-from .default_model import (
-    DEFAULT_MODEL_ID,
-    DefaultModelUnavailableError,
-    ensure_default_model_cached,
-    load_default_model,
-)
+from typing import Any
 
 try:
     __version__ = _metadata.version("hf-memory")
 except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = [
-    "DEFAULT_MODEL_ID",
-    "DefaultModelUnavailableError",
-    "__version__",
-    "chat_messages",
-    "ensure_default_model_cached",
-    "generate_chat",
-    "load_default_model",
-]
+_EXPORTS = {
+    "adapters": ["SUPPORTED_MODEL_TYPES", "UnsupportedModelError"],
+    "bank_set": ["BankSet", "BankSetFormatError"],
+    "banks": ["DEFAULT_TEMPLATES", "MemoryBank"],
+    "chat": ["chat_messages", "generate_chat"],
+    "default_model": ["DEFAULT_MODEL_ID", "DefaultModelUnavailableError",
+                      "ensure_default_model_cached", "load_default_model"],
+    "fingerprint": ["FingerprintMismatchError", "model_fingerprint"],
+    "kv_accounting": ["KVFootprint", "kv_footprint"],
+    "steering": ["SteeringHandle", "steer", "steered_generate"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(["__version__", *_WHERE])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'hf_memory' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -7,12 +7,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-__all__ = ["build_parser", "main"]
+from .demo import DEFAULT_GAIN, DEFAULT_LAYERS, DEFAULT_PERSONA, DEFAULT_PROMPTS, parse_layers
 
-DEMO_PROMPTS = (
-    "What is the capital of France?",
-    "Give me one tip for staying focused while studying.",
-)
+__all__ = ["build_parser", "main"]
 
 
 class CLIError(Exception):
@@ -23,8 +20,8 @@ def _demo(args: argparse.Namespace) -> None:
     import_start = time.perf_counter()
     import transformers  # noqa: F401  (imported here so the load time below is the load alone)
 
-    from .chat import generate_chat
     from .default_model import DefaultModelUnavailableError, load_default_model
+    from .demo import format_demo, run_demo
 
     start = time.perf_counter()
     try:
@@ -32,18 +29,31 @@ def _demo(args: argparse.Namespace) -> None:
     except DefaultModelUnavailableError as error:
         raise CLIError(str(error)) from error
     loaded = time.perf_counter()
-    prompts = args.prompt or list(DEMO_PROMPTS)
-    try:
-        answers = generate_chat(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens)
-    except ValueError as error:
-        raise CLIError(str(error)) from error
-    done = time.perf_counter()
     print(f"# {model.name_or_path} ({model.config.model_type}, "
           f"{model.config.num_hidden_layers} layers) loaded in {loaded - start:.1f}s "
           f"(imports {start - import_start:.1f}s)")
-    for prompt, answer in zip(prompts, answers, strict=True):
-        print(f"\nUser: {prompt}\nAssistant: {answer}")
-    print(f"\n# {len(prompts)} answers in {done - loaded:.1f}s")
+    print(f"# persona: {args.persona}\n# steered layers: {args.layers}, gain {args.gain}")
+    try:
+        result = run_demo(model, tokenizer, persona=args.persona, reference=args.reference,
+                          prompts=args.prompt or DEFAULT_PROMPTS, layers=args.layers,
+                          gain=args.gain, max_new_tokens=args.max_new_tokens)
+    except ValueError as error:
+        raise CLIError(str(error)) from error
+    print(format_demo(result))
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        return parse_layers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _gain(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -55,6 +65,8 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .analysis.cli import add_analyze_ffn_parser
+    from .arith_cli import add_arith_parsers
 
     parser = argparse.ArgumentParser(
         prog="hf-memory",
@@ -64,14 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
 
     demo = commands.add_parser(
-        "demo", help="load the embedded SmolLM2-135M-Instruct and answer chat prompts",
-        description="Load the embedded default model and answer chat prompts (greedy).",
+        "demo", help="memory inception on the embedded SmolLM2-135M-Instruct: plain vs prompt "
+                     "vs memory-steered answers",
+        description="Build a persona bank from a descriptor and answer prompts three ways "
+                    "(plain, descriptor as a visible system prompt, memory-steered), with the "
+                    "KV bytes of each.",
     )
+    demo.add_argument("--persona", default=DEFAULT_PERSONA, metavar="TEXT",
+                      help="the descriptor the bank is built from (default: an anxious persona)")
+    demo.add_argument("--reference", metavar="TEXT",
+                      help="an opposite descriptor for a contrastive reference bank")
+    demo.add_argument("--layers", type=_layers, default=DEFAULT_LAYERS, metavar="SPEC",
+                      help=f"steered layers, e.g. 18-22 or 3,5,9-10 (default: {DEFAULT_LAYERS})")
+    demo.add_argument("--gain", type=_gain, default=DEFAULT_GAIN,
+                      help=f"bank gain lambda (default: {DEFAULT_GAIN})")
     demo.add_argument("--prompt", action="append", metavar="TEXT",
                       help="a prompt to answer (repeatable; default: two built-in prompts)")
-    demo.add_argument("--max-new-tokens", type=_positive_int, default=48, metavar="N",
-                      help="tokens to generate per answer (default: 48)")
+    demo.add_argument("--max-new-tokens", type=_positive_int, default=40, metavar="N",
+                      help="tokens to generate per answer (default: 40)")
     demo.set_defaults(handler=_demo)
+    add_analyze_ffn_parser(commands)
+    add_arith_parsers(commands)
     return parser
 
 

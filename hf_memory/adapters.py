@@ -1,0 +1,81 @@
+"""Architecture facts for the stock decoders memory inception can steer.
+
+One adapter per ``model_type`` says where the decoder layers live and where the pre-RoPE query,
+key and value are observable:
+
+- ``llama``, ``qwen2``: ``q_proj`` / ``k_proj`` / ``v_proj`` outputs, flat ``[B, T, H*D]``.
+- ``qwen3``, ``qwen3_moe``: ``q_norm`` / ``k_norm`` outputs ``[B, T, H, D]`` (per-head RMSNorm
+  sits between the projection and RoPE), ``v_proj`` flat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES", "ArchAdapter", "UnsupportedModelError", "get_adapter", "head_dim",
+]
+
+
+class UnsupportedModelError(ValueError):
+    """The model's architecture has no memory-inception adapter."""
+
+
+def head_dim(config) -> int:
+    """Per-head width ``D`` of a decoder config."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+@dataclass(frozen=True)
+class ArchAdapter:
+    """Where to find attention internals in one decoder family."""
+
+    model_type: str
+    query_module: str
+    key_module: str
+    value_module: str = "v_proj"
+
+    def layers(self, model: nn.Module) -> nn.ModuleList:
+        """The decoder layers (``model.model.layers`` for a ``*ForCausalLM``)."""
+        base = getattr(model, "model", model)
+        return base.layers
+
+    def attention(self, model: nn.Module, layer: int) -> nn.Module:
+        return self.layers(model)[layer].self_attn
+
+    def rotary(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "model", model).rotary_emb
+
+    def submodule(self, model: nn.Module, layer: int, name: str) -> nn.Module:
+        return getattr(self.attention(model, layer), name)
+
+    @staticmethod
+    def heads(captured: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """``[B, T, H*D]`` or ``[B, T, H, D]`` → ``[B, H, T, D]``."""
+        if captured.dim() == 3:
+            captured = captured.view(*captured.shape[:2], -1, head_dim)
+        return captured.transpose(1, 2)
+
+
+_ADAPTERS = {
+    "llama": ArchAdapter("llama", query_module="q_proj", key_module="k_proj"),
+    "qwen2": ArchAdapter("qwen2", query_module="q_proj", key_module="k_proj"),
+    "qwen3": ArchAdapter("qwen3", query_module="q_norm", key_module="k_norm"),
+    "qwen3_moe": ArchAdapter("qwen3_moe", query_module="q_norm", key_module="k_norm"),
+}
+SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
+
+
+def get_adapter(model_or_type: nn.Module | str) -> ArchAdapter:
+    """The adapter for a model (or a ``model_type`` string); a clear error for anything else."""
+    model_type = (model_or_type if isinstance(model_or_type, str)
+                  else getattr(getattr(model_or_type, "config", None), "model_type", None))
+    if model_type not in _ADAPTERS:
+        raise UnsupportedModelError(
+            f"memory inception does not support model_type {model_type!r}; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return _ADAPTERS[model_type]

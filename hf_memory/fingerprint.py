@@ -1,0 +1,64 @@
+"""Model fingerprints: what a bank or selector must match before it may touch a model."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from .adapters import get_adapter, head_dim
+
+__all__ = ["FingerprintMismatchError", "check_fingerprint", "model_fingerprint"]
+
+
+class FingerprintMismatchError(ValueError):
+    """An artifact was made on a different model than the one it is applied to."""
+
+
+def _weights_digest(model: nn.Module) -> str:
+    """sha256 of the first and last layer's key projection weights, rounded to bfloat16.
+
+    Rounding makes the digest survive a float32 → bfloat16 cast of the same checkpoint while
+    still telling two checkpoints of one architecture apart.
+    """
+    adapter = get_adapter(model)
+    layers = adapter.layers(model)
+    digest = hashlib.sha256()
+    for index in sorted({0, len(layers) - 1}):
+        weight = layers[index].self_attn.k_proj.weight.detach()
+        digest.update(weight.to(torch.bfloat16).contiguous().cpu().view(torch.uint16).numpy())
+    return digest.hexdigest()[:16]
+
+
+def model_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """Architecture facts and a weight digest: ``model_type``, name, sizes, rope, dtype."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or {}
+    return {
+        "model_type": config.model_type,
+        "name_or_path": getattr(config, "name_or_path", "") or "",
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": head_dim(config),
+        "hidden_size": config.hidden_size,
+        "rope_parameters": {k: rope[k] for k in sorted(rope)},
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "weights_digest": _weights_digest(model),
+    }
+
+
+def check_fingerprint(expected: dict[str, Any], model: nn.Module, what: str) -> None:
+    """Raise if ``model`` differs from ``expected`` in anything but dtype (which only warns)."""
+    actual = model_fingerprint(model)
+    differing = sorted(k for k in expected if k != "dtype" and expected[k] != actual.get(k))
+    if differing:
+        details = "; ".join(f"{k}: artifact {expected[k]!r}, model {actual.get(k)!r}"
+                            for k in differing)
+        raise FingerprintMismatchError(f"{what} was made for a different model ({details})")
+    if expected.get("dtype") != actual["dtype"]:
+        warnings.warn(f"{what} was made in {expected.get('dtype')}, the model runs in "
+                      f"{actual['dtype']}; steering computes in float32 either way", stacklevel=3)

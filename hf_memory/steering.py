@@ -1,0 +1,328 @@
+"""Steer a stock model's ``generate()`` with memory banks, without touching its code or cache.
+
+``steer(model, banks)`` registers one attention function (and the matching mask function) with
+transformers' ``AttentionInterface``, switches the model to it, and hooks the pre-RoPE query at
+the steered layers. Layers or heads without steering call the model's own attention function
+unchanged, so empty or inactive steering is bit-identical to the plain model. Banks live outside
+the KV cache: ``update()`` swaps them between any two forward passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, GenerationMixin
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .adapters import get_adapter, head_dim
+from .bank_set import BankSet
+from .banks import MemoryBank
+from .mixture import PreparedBank, bank_mixture, visible_keys
+
+__all__ = ["SteeringHandle", "steer", "steered_generate"]
+
+logger = logging.getLogger(__name__)
+
+SITE_ATTR = "_hf_memory_site"
+BASE_IMPLEMENTATIONS = ("sdpa", "eager")
+IMPL_PREFIX = "hf_memory_"
+
+
+@dataclass
+class SiteState:
+    """What one steered attention layer needs at call time."""
+
+    heads: torch.Tensor
+    banks: list[PreparedBank]
+    rho: float
+    gamma: float
+    size_normalize: bool
+    query: torch.Tensor | None = None
+    routing: list[torch.Tensor] = field(default_factory=list)
+    record_routing: bool = False
+
+
+def _steered_attention(base_name: str):
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                  **kwargs):
+        base = ALL_ATTENTION_FUNCTIONS[base_name]
+        output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
+                               dropout=dropout, **kwargs)
+        site: SiteState | None = getattr(module, SITE_ATTR, None)
+        if site is None or not site.banks:
+            return output, weights
+        q_pre, site.query = site.query, None
+        if q_pre is None:
+            raise RuntimeError("steered attention ran without its pre-RoPE query hook")
+        visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
+        mixed, routing = bank_mixture(
+            q_pre, query, key, value, visible, site.banks,
+            scaling=module.scaling if scaling is None else scaling,
+            rho=site.rho, gamma=site.gamma, size_normalize=site.size_normalize)
+        if site.record_routing:
+            site.routing.append(routing[:, site.heads].detach())
+        output = output.clone()
+        output[:, :, site.heads] = mixed[:, site.heads].transpose(1, 2).to(output.dtype)
+        return output, weights
+
+    return attention
+
+
+for _base in BASE_IMPLEMENTATIONS:
+    AttentionInterface.register(IMPL_PREFIX + _base, _steered_attention(_base))
+    AttentionMaskInterface.register(IMPL_PREFIX + _base, ALL_MASK_ATTENTION_FUNCTIONS[_base])
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _prepare(bank: MemoryBank, row: int, rotary: nn.Module, device) -> PreparedBank:
+    """Scoring keys for one bank at one layer: canonical, or rotated by phase / position."""
+    keys = bank.keys[row].to(device=device, dtype=torch.float32)
+    values = bank.values[row].to(device=device, dtype=torch.float32)
+    scale = float(getattr(rotary, "attention_scaling", 1.0))
+    offsets = bank.positions if bank.positions is not None else bank.phases
+    if offsets is None:
+        keys = keys * scale
+    else:
+        cos, sin = rotary(keys, offsets.to(device=device)[None].float())
+        keys = keys * cos[0].float() + _rotate_half(keys) * sin[0].float()
+    return PreparedBank(bank.role, keys, values, bank.gain,
+                        post_rope_query=bank.positions is not None)
+
+
+def _expand_units(units: Iterable[int], unit_type: str, heads: int, kv_heads: int) -> list[int]:
+    units = sorted({int(u) for u in units})
+    limit = heads if unit_type == "head" else kv_heads
+    bad = [u for u in units if not 0 <= u < limit]
+    if bad or not units:
+        raise ValueError(f"{unit_type} units must be indices in [0, {limit}), got {units}")
+    if unit_type == "head":
+        return units
+    group = heads // kv_heads
+    return [g * group + i for g in units for i in range(group)]
+
+
+class SteeringHandle:
+    """An active steering of one model; a context manager and a removable handle.
+
+    Args:
+        model: a stock ``*ForCausalLM`` of a supported family, attention ``sdpa`` or ``eager``.
+        banks: a :class:`BankSet` or a sequence of :class:`MemoryBank` (may be empty).
+        selector: a frozen selector artifact (layers, units, unit type, layer gains); if given,
+            ``layers``, ``units``, ``unit_type`` and ``layer_gains`` must be left out.
+        layers: layers to steer (default: every layer some bank covers).
+        units: units to steer, the same at every layer, or a mapping layer → units
+            (default: all).
+        unit_type: ``"head"`` (query heads) or ``"kv_group"`` (expanded to its query heads).
+        layer_gains: ρ_ℓ per layer (default 1.0).
+        gamma, size_normalize: override the bank set's mixture settings.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        banks: BankSet | Sequence[MemoryBank],
+        *,
+        selector: Any = None,
+        layers: Sequence[int] | None = None,
+        units: Sequence[int] | Mapping[int, Sequence[int]] | None = None,
+        unit_type: str = "head",
+        layer_gains: Mapping[int, float] | None = None,
+        gamma: float | None = None,
+        size_normalize: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.adapter = get_adapter(model)
+        config = model.config
+        self._heads, self._kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self._head_dim = head_dim(config)
+        self.original_implementation = config._attn_implementation
+        if self.original_implementation not in BASE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"steering wraps the 'sdpa' or 'eager' attention; this model uses "
+                f"{self.original_implementation!r}. Call model.set_attn_implementation('sdpa').")
+        if selector is not None:
+            if layers is not None or units is not None or layer_gains is not None:
+                raise ValueError("give a selector or layers/units/layer_gains, not both")
+            layers, units = selector.layers, selector.units
+            unit_type, layer_gains = selector.unit_type, selector.layer_gains
+        if unit_type not in ("head", "kv_group"):
+            raise ValueError(f"unit_type must be 'head' or 'kv_group', got {unit_type!r}")
+        self._requested = (layers, units, unit_type, dict(layer_gains or {}))
+        self._overrides = (gamma, size_normalize)
+        self._hooks: list[Any] = []
+        self._sites: dict[int, SiteState] = {}
+        self.audit_log: list[dict[str, Any]] = []
+        self._removed = False
+        self._install(self._as_bank_set(banks))
+
+    def _as_bank_set(self, banks: BankSet | Sequence[MemoryBank]) -> BankSet:
+        bank_set = banks if isinstance(banks, BankSet) else BankSet(list(banks))
+        bank_set.check_model(self.model)
+        return bank_set
+
+    def _site_layers(self, bank_set: BankSet) -> dict[int, list[int]]:
+        layers, units, unit_type, _ = self._requested
+        num_layers = self.model.config.num_hidden_layers
+        covered = sorted({i for bank in bank_set.banks for i in bank.layers})
+        chosen = covered if layers is None else sorted({int(i) for i in layers})
+        bad = [i for i in chosen if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"layers must be indices in [0, {num_layers}), got {bad}")
+        all_units = range(self._heads if unit_type == "head" else self._kv_heads)
+        sites = {}
+        for layer in chosen:
+            if isinstance(units, Mapping):
+                layer_units = units.get(layer, units.get(str(layer)))
+                if layer_units is None:
+                    raise ValueError(f"units give no entry for steered layer {layer}")
+            else:
+                layer_units = all_units if units is None else units
+            sites[layer] = _expand_units(layer_units, unit_type, self._heads, self._kv_heads)
+        return sites
+
+    def _install(self, bank_set: BankSet) -> None:
+        self.bank_set = bank_set
+        self.sites = self._site_layers(bank_set)
+        gains = self._requested[3]
+        gamma, normalize = self._overrides
+        rotary = self.adapter.rotary(self.model)
+        device = next(self.model.parameters()).device
+        for layer, heads in self.sites.items():
+            prepared = [_prepare(bank, bank.layer_index(layer), rotary, device)
+                        for bank in bank_set.banks if bank.layer_index(layer) is not None]
+            site = SiteState(
+                heads=torch.tensor(heads, device=device, dtype=torch.long), banks=prepared,
+                rho=float(gains.get(layer, gains.get(str(layer), 1.0))),
+                gamma=bank_set.gamma if gamma is None else float(gamma),
+                size_normalize=bank_set.size_normalize if normalize is None else normalize)
+            self._attach(layer, site)
+        self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
+                                                                with_kwargs=True))
+        self.model.set_attn_implementation(IMPL_PREFIX + self.original_implementation)
+        self._record("activate")
+
+    def _attach(self, layer: int, site: SiteState) -> None:
+        attention = self.adapter.attention(self.model, layer)
+        setattr(attention, SITE_ATTR, site)
+        self._sites[layer] = site
+        query_module = getattr(attention, self.adapter.query_module)
+        width = self._head_dim
+
+        def capture(_module, _args, output, _site=site):
+            _site.query = self.adapter.heads(output, width)
+
+        self._hooks.append(query_module.register_forward_hook(capture))
+
+    def _detach_all(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        for layer in self._sites:
+            attention = self.adapter.attention(self.model, layer)
+            if hasattr(attention, SITE_ATTR):
+                delattr(attention, SITE_ATTR)
+        self._sites.clear()
+
+    def update(self, banks: BankSet | Sequence[MemoryBank]) -> None:
+        """Swap the banks between two forward passes; the KV cache is not touched."""
+        if self._removed:
+            raise RuntimeError("this steering handle was removed")
+        bank_set = self._as_bank_set(banks)
+        self._detach_all()
+        self.model.set_attn_implementation(self.original_implementation)
+        self._install(bank_set)
+
+    def remove(self) -> None:
+        """Restore the model exactly: attention implementation, hooks, attributes."""
+        if self._removed:
+            return
+        self._detach_all()
+        self.model.set_attn_implementation(self.original_implementation)
+        self._removed = True
+        self._record("remove")
+
+    def __enter__(self) -> SteeringHandle:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()
+
+    @property
+    def active_sites(self) -> dict[int, list[int]]:
+        """Steered layers → query heads, for layers where at least one bank applies."""
+        return {layer: heads for layer, heads in self.sites.items() if self._sites[layer].banks}
+
+    def record_routing(self, enabled: bool = True) -> None:
+        """Keep the routing mass π of every steered forward pass (see :meth:`routing`)."""
+        for site in self._sites.values():
+            site.record_routing = enabled
+            site.routing.clear()
+
+    def routing(self) -> dict[int, list[torch.Tensor]]:
+        """Recorded routing masses per layer: ``[B, H_sel, T, 1 + n_banks]`` per forward pass."""
+        return {layer: list(site.routing) for layer, site in self._sites.items()}
+
+    def _on_forward(self, _module, args, kwargs) -> None:
+        cache = kwargs.get("past_key_values")
+        if cache is None or cache.get_seq_length() == 0:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            shape = tuple(ids.shape) if ids is not None else None
+            self._record("forward from an empty cache", input_shape=shape)
+
+    def _record(self, event: str, **extra: Any) -> None:
+        record = {
+            "time": time.time(),
+            "event": event,
+            "banks": self.bank_set.audit(),
+            "sites": {str(k): v for k, v in self.active_sites.items()} if self._sites else {},
+            **extra,
+        }
+        self.audit_log.append(record)
+        logger.info("memory inception %s: banks=%s sites=%s", event,
+                    [(b["name"], b["role"], b["content_hash"][:12]) for b in record["banks"]],
+                    record["sites"])
+
+
+def steer(model: nn.Module, banks: BankSet | Sequence[MemoryBank], **kwargs: Any) -> SteeringHandle:
+    """Steer ``model`` with ``banks``: ``with steer(model, banks): model.generate(...)``.
+
+    Also usable as a handle (``h = steer(...); ...; h.remove()``). See :class:`SteeringHandle`.
+    """
+    return SteeringHandle(model, banks, **kwargs)
+
+
+def steered_generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    banks: BankSet | Sequence[MemoryBank] | None = None,
+    steering: Mapping[str, Any] | None = None,
+    **model_kwargs: Any,
+):
+    """A ``custom_generate`` decoding loop: ``model.generate(**inputs,
+    custom_generate=steered_generate, banks=banks, steering={"layers": [...]})``.
+
+    Runs the stock greedy / sampling loop under :func:`steer`; the model is restored after.
+    """
+    if banks is None:
+        raise ValueError("steered_generate needs banks=...")
+    with steer(model, banks, **dict(steering or {})):
+        return GenerationMixin._sample(
+            model, input_ids, logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria, generation_config=generation_config,
+            synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
