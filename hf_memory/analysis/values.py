@@ -1,0 +1,88 @@
+"""Value vectors read as next-token distributions, and their agreement with the triggers.
+
+Value ``v_i`` of polarity ``s`` (+1 or -1; the sign of the coefficient that writes it) is read
+through the logit lens: ``p_i = softmax(lens(s · v_i))``, i.e. the final-norm gain is applied (see
+``logit_lens``). Its top token is ``top(s · v_i)``.
+
+Agreement (section 4), per layer and polarity, over the memories:
+- ``agreement_top1``: the value's top token is the target (next token) of its top-1 trigger
+  prefix (the paper's definition);
+- ``agreement_any``: it is the target of at least one of its top-k trigger prefixes;
+- the ``baseline_*`` rates use the targets of a random other memory of the same layer (a seeded
+  permutation), which keeps the token frequencies of real targets.
+``target_rank``: rank (0 = top) of the top-1 trigger's target in the value's distribution
+(figure 5; only the top-1 trigger, since each rank costs a pass over the vocabulary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .logit_lens import logit_lens
+from .mlp_adapter import FFNAdapter
+
+__all__ = ["ValueAgreement", "project_values", "value_agreement"]
+
+
+@torch.no_grad()
+def project_values(adapter: FFNAdapter, layer: int, sign: int = 1,
+                   targets: torch.Tensor | None = None, chunk: int = 64
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Top token of every value of ``layer`` with polarity ``sign``, and target ranks.
+
+    targets: optional ``[M, k]`` token ids. Returns ``(top [M], rank [M, k] or None)``; rank is
+    the number of tokens with a strictly larger logit.
+    """
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 or -1, got {sign}")
+    (layer,) = adapter.check_layers([layer])
+    values = adapter.layers[layer].values * sign  # [M, d]
+    tops, ranks = [], []
+    for start in range(0, values.shape[0], chunk):
+        logits = logit_lens(adapter, values[start: start + chunk]).float()  # [c, V]
+        tops.append(logits.argmax(-1).cpu())
+        if targets is not None:
+            wanted = logits.gather(1, targets[start: start + chunk].to(logits.device))  # [c, k]
+            ranks.append(torch.stack(
+                [(logits > wanted[:, j: j + 1]).sum(-1) for j in range(wanted.shape[1])], dim=1
+            ).cpu())
+    return torch.cat(tops), (torch.cat(ranks) if targets is not None else None)
+
+
+@dataclass(frozen=True)
+class ValueAgreement:
+    """Section-4 statistics of one layer and polarity; ``[M]`` or ``[M, k]`` tensors."""
+
+    layer: int
+    polarity: str
+    top_token: torch.Tensor  # [M]
+    trigger_targets: torch.Tensor  # [M, k]
+    target_rank: torch.Tensor  # [M] rank of the top-1 trigger's target
+    agree_top1: torch.Tensor  # [M] bool
+    agree_any: torch.Tensor  # [M] bool
+    baseline_top1: torch.Tensor  # [M] bool
+    baseline_any: torch.Tensor  # [M] bool
+
+
+def value_agreement(adapter: FFNAdapter, layer: int, polarity: str,
+                    trigger_targets: torch.Tensor, seed: int = 0) -> ValueAgreement:
+    """Agreement of layer ``layer``'s values with their trigger targets ``[M, k]``."""
+    if polarity not in ("+", "-"):
+        raise ValueError(f"polarity must be '+' or '-', got {polarity!r}")
+    top, rank = project_values(adapter, layer, 1 if polarity == "+" else -1,
+                               trigger_targets[:, :1])
+    generator = torch.Generator().manual_seed(seed + layer)
+    other = trigger_targets[torch.randperm(len(top), generator=generator)]
+    return ValueAgreement(
+        layer=layer,
+        polarity=polarity,
+        top_token=top,
+        trigger_targets=trigger_targets,
+        target_rank=rank[:, 0],
+        agree_top1=top == trigger_targets[:, 0],
+        agree_any=(top[:, None] == trigger_targets).any(1),
+        baseline_top1=top == other[:, 0],
+        baseline_any=(top[:, None] == other).any(1),
+    )
