@@ -166,3 +166,10 @@ def test_zero_agreement_uses_the_coefficient_sign():
     top_y = torch.tensor([5, 5, 8, 5])
     assert zero_agreement(top_y, signs, top_plus, top_minus).tolist() == [
         False, True, False, True]
+
+
+def test_mixed_mlp_kinds_are_a_value_error():
+    model = handset_model("gated")
+    model.model.layers[1].mlp = ReLUMLP(12, 4)
+    with pytest.raises(ValueError, match=r"mixed MLP kinds \['gated', 'relu'\]"):
+        ffn_adapter(model)

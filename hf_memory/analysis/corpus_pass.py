@@ -15,7 +15,9 @@ On a seeded sample of prefixes (the paper uses 4,000), per layer: ``top(r)``, ``
 their sign (for the zero-agreement rate, which needs the value projections computed later).
 
 Sentences are batched by length with right padding, so padded positions never influence the
-predicting prefixes under the causal mask.
+predicting prefixes under the causal mask. The base model (``model.model``) is run, so full
+logits are never computed; the final prediction is read from the final-norm output at the
+sampled prefixes.
 """
 
 from __future__ import annotations

@@ -133,6 +133,8 @@ def ffn_adapter(model: nn.Module) -> FFNAdapter:
         kind, out_proj = _mlp_kind(mlp, index)
         kinds.add(kind)
         layers.append(FFNLayer(index, norm, mlp, out_proj))
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no decoder layers")
     if len(kinds) != 1:
         raise ValueError(f"mixed MLP kinds {sorted(kinds)} are not supported")
     return FFNAdapter(kinds.pop(), tuple(layers), final_norm, unembedding)
