@@ -18,7 +18,7 @@ stream exactly; :func:`arith_dataset` wraps a draw as a ``datasets.Dataset``.
 from __future__ import annotations
 
 import string
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -50,8 +50,10 @@ class ArithTask:
         held_out_fraction: fraction of the ``N^2`` ordered pairs never trained on (0.3).
         one_var_ratio: frequency of 1-var relative to 0-var sequences in training (1.0).
         two_var_ratio: ``r``, frequency of 2-var relative to 0-var sequences (1.0).
-        no_lhs_variables: variable indices never the left operand in training (``k``, ``l``).
-        no_rhs_variables: variable indices never the right operand in training (``a``, ``b``).
+        no_lhs_variables: variable indices never the left operand in training; default the
+            last ``min(2, (V - 1) // 2)`` (``k``, ``l``).
+        no_rhs_variables: variable indices never the right operand in training; default the
+            first ``min(2, (V - 1) // 2)`` (``a``, ``b``).
         split_seed: seed of the held-out pair choice.
     """
 
@@ -63,11 +65,17 @@ class ArithTask:
     held_out_fraction: float = 0.3
     one_var_ratio: float = 1.0
     two_var_ratio: float = 1.0
-    no_lhs_variables: tuple[int, ...] = field(default=(10, 11))
-    no_rhs_variables: tuple[int, ...] = field(default=(0, 1))
+    no_lhs_variables: tuple[int, ...] | None = None
+    no_rhs_variables: tuple[int, ...] | None = None
     split_seed: int = 0
 
     def __post_init__(self) -> None:
+        count = max(0, min(2, (self.num_variables - 1) // 2))
+        if self.no_lhs_variables is None:
+            object.__setattr__(self, "no_lhs_variables",
+                               tuple(range(self.num_variables - count, self.num_variables)))
+        if self.no_rhs_variables is None:
+            object.__setattr__(self, "no_rhs_variables", tuple(range(count)))
         object.__setattr__(self, "no_lhs_variables", tuple(self.no_lhs_variables))
         object.__setattr__(self, "no_rhs_variables", tuple(self.no_rhs_variables))
         prefix = self.seq_len - 4
@@ -102,10 +110,8 @@ class ArithTask:
             bad = [v for v in getattr(self, name) if not 0 <= v < self.num_variables]
             if bad:
                 raise ValueError(f"ArithTask.{name} has indices outside [0, V): {bad}")
-        if len(set(self.no_lhs_variables)) >= self.num_variables or len(
-            set(self.no_rhs_variables)
-        ) >= self.num_variables:
-            raise ValueError("ArithTask restricts every variable from one operand position")
+            if len(set(getattr(self, name))) >= self.num_variables:
+                raise ValueError(f"ArithTask.{name} restricts every variable")
 
     @property
     def prefix_len(self) -> int:

@@ -127,8 +127,9 @@ def progress_measures(
 
     - ``ov2_mlp2_accuracy``: argmax of ``W_U MLP(OV(e_a)+OV(e_b))`` equals ``(a+b) mod N``,
       over all ``N^2`` pairs.
-    - ``qk1_num_to_prev_var``: fraction of prefix positions ``i >= 2`` whose layer-0 position x
-      position score ``QK(p_i, p_j)`` over ``j < i, j != i-2`` peaks at ``j = i-1``.
+    - ``qk1_num_to_prev_var``: fraction of prefix positions ``2 <= i < T-4`` whose layer-0
+      position x position score ``QK(p_i, p_j)`` over ``j < i, j != i-2`` peaks at ``j = i-1``
+      (the paper's figure 7a; row 2 has the single candidate 1, so the floor is ``1 / (T-6)``).
     - ``qk2_ov1_var_identity``: fraction of variables ``u`` for which
       ``QK_1(OV_0(e_u), OV_0(e_w))`` peaks at ``w = u``.
     - ``attn_l1_equal_to_operands``: layer-0 attention mass of ``=`` on the two operand slots.

@@ -1,0 +1,129 @@
+"""A tiny training run end to end: loss, progress measures, checkpoints, log, CLI and figures."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from eval_harness.arith_plots import load_log, plot_sweeps, training_phases, write_report
+from hf_memory import cli
+from modeling.arith import ArithConfig, ArithTask, ArithTransformer, TrainConfig, train_arith
+
+TASK = ArithTask(modulus=11, num_variables=4, seq_len=10)
+CONFIG = ArithConfig(modulus=11, num_variables=4, max_position_embeddings=10, hidden_size=32,
+                     head_dim=16, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith_run")
+    train = TrainConfig(steps=300, batch_size=128, lr=3e-3, eval_every=150, eval_pool_size=256,
+                        final_pool_size=256, probe_batch_size=256, checkpoint_every=150,
+                        threads=1, progress=False)
+    threads = torch.get_num_threads()
+    try:
+        model, log = train_arith(CONFIG, TASK, train, out=out)
+    finally:
+        torch.set_num_threads(threads)
+    return out, model, log
+
+
+def test_tiny_run_learns(tiny_run):
+    _, _, log = tiny_run
+    history = log["history"]
+    assert [h["step"] for h in history] == [0, 150, 300]
+    assert history[-1]["loss"] < 0.5 * math.log(TASK.modulus) < history[1]["loss"]
+    chance = 1 / TASK.modulus
+    assert history[-1]["accuracy"]["0var/train"] > 0.5 > 3 * chance
+    assert set(log["final"]["accuracy"]) == set(history[0]["accuracy"])
+    for entry in history:
+        assert len(entry["progress"]) == 9
+        assert all(math.isfinite(v) for v in entry["progress"].values())
+    # the addition circuit is measured, and it improves with the 0-var accuracy
+    assert history[-1]["progress"]["ov2_mlp2_accuracy"] > history[0]["progress"][
+        "ov2_mlp2_accuracy"]
+
+
+def test_checkpoints_and_log_on_disk(tiny_run):
+    out, model, log = tiny_run
+    on_disk = json.loads((out / "log.json").read_text())
+    assert on_disk == json.loads(json.dumps(log))
+    assert json.loads((out / "task.json").read_text())["modulus"] == 11
+    assert (out / "checkpoint-150" / "model.safetensors").is_file()
+    loaded = ArithTransformer.from_pretrained(out / "final").eval()
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+    ids = torch.randint(0, CONFIG.vocab_size, (8, TASK.seq_len))
+    assert torch.equal(model(ids).logits, loaded(ids).logits)
+
+
+def test_report_draws_the_figures(tiny_run, tmp_path):
+    out, _, _ = tiny_run
+    paths = write_report([out], tmp_path)
+    names = {p.name for p in paths}
+    assert names == {"arith_accuracy.png", "arith_progress.png", "arith_fourier_neuron.png"}
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_figure_needs_two_settings(tiny_run, tmp_path):
+    out, _, _ = tiny_run
+    base = load_log(out)
+    assert plot_sweeps([base], tmp_path / "one.png") is None
+    runs = []
+    for f, r in ((0.3, 1.0), (0.6, 1.0), (0.3, 0.2)):
+        run = copy.deepcopy(base)
+        run["task"].update(held_out_fraction=f, two_var_ratio=r)
+        runs.append(run)
+    path = plot_sweeps(runs, tmp_path / "sweep.png")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_training_phases():
+    def entry(step, zero, binding, restricted):
+        return {"step": step, "accuracy": {"0var/train": zero, "1var/train": binding,
+                                           "1var/var_restricted": restricted,
+                                           "novel_positions": restricted}}
+    history = [entry(0, 0.1, 0.1, 0.1), entry(10, 0.99, 0.5, 0.1), entry(20, 1.0, 0.99, 0.5),
+               entry(30, 1.0, 1.0, 0.99)]
+    assert training_phases(history) == {"addition": 10, "binding": 20, "refinement": 30}
+    assert training_phases(history[:2]) == {"addition": 10, "binding": None, "refinement": None}
+
+
+def test_cli_train_and_report(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["arith-train", "--out", str(out), "--steps", "4", "--eval-every", "2",
+            "--hidden-size", "16", "--head-dim", "8", "--intermediate-size", "16",
+            "--pool-size", "32", "--final-pool-size", "32", "--two-var-ratio", "0.5",
+            "--held-out-fraction", "0.4"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "2var/var_restricted(2)" in printed and "novel_positions" in printed
+    log = load_log(out)
+    assert log["task"]["two_var_ratio"] == 0.5 and log["task"]["held_out_fraction"] == 0.4
+    assert [h["step"] for h in log["history"]] == [0, 2, 4]
+    assert cli.main(["arith-report", str(out), "--out", str(tmp_path / "figs")]) == 0
+    assert (tmp_path / "figs" / "arith_progress.png").is_file()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["arith-train", "--out", "x", "--lr", "0"], "TrainConfig.lr must be > 0"),
+    (["arith-report", "no/such/log.json", "--out", "x"], "cannot draw the report"),
+])
+def test_cli_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_cli_rejects_bad_fractions(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["arith-train", "--out", "x", "--held-out-fraction", "1.5"])
+    assert exit_info.value.code == 2
+    assert "--held-out-fraction: must be in [0, 1)" in capsys.readouterr().err
