@@ -61,19 +61,21 @@ class StreamingTopK:
             raise ValueError("positions must have one entry per chunk row")
         if chunk.shape[0] == 0:
             return
-        values = chunk.detach().to(torch.float32).T.contiguous()  # [M, N]
-        if torch.isnan(values).any():
-            raise ValueError("chunk contains NaN")
+        chunk = chunk.detach().to(torch.float32)
         positions = positions.to(torch.int64)[None, :]
+        # amax propagates NaN, so one pass both rejects NaN and finds each column's best value.
+        best = chunk.amax(dim=0)  # [M]
+        if torch.isnan(best).any():
+            raise ValueError("chunk contains NaN")
         self.rows_seen += chunk.shape[0]
         if self._keys.shape[1] < self.k:
-            self._merge(slice(None), values, positions)
+            self._merge(slice(None), chunk.T.contiguous(), positions)
             return
         # Full state: only columns with a value >= their current k-th best can change (ties may
         # still win on position, hence >=).
-        columns = (values >= self._values[:, -1:]).any(dim=1).nonzero().flatten()
+        columns = (best >= self._values[:, -1]).nonzero().flatten()
         if len(columns):
-            self._merge(columns, values[columns], positions)
+            self._merge(columns, chunk[:, columns].T.contiguous(), positions)
 
     def _merge(self, columns: slice | torch.Tensor, values: torch.Tensor,
                positions: torch.Tensor) -> None:
