@@ -142,12 +142,13 @@ def plot_fourier_neuron(model, path: str | os.PathLike, neuron: int | None = Non
 def plot_sweeps(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | None:
     """Final accuracy against the training-pair fraction ``f = 1 - held_out_fraction`` (0-var
     held-out pairs) and against the 2-var ratio ``r`` (mean of the 2-var pools), figure 3.
-    Returns None unless at least two runs differ in ``f`` or in ``r``."""
+    Returns None unless at least two runs differ in ``f`` or in ``r``; runs without held-out
+    pairs (``f = 1``) have no point on the ``f`` panel."""
     def final(log):
         return log.get("final", {}).get("accuracy") or log["history"][-1]["accuracy"]
 
     by_f = sorted({(1 - lg["task"]["held_out_fraction"], final(lg)["0var/add_restricted"])
-                   for lg in logs})
+                   for lg in logs if "0var/add_restricted" in final(lg)})
     by_r = sorted({(lg["task"]["two_var_ratio"],
                     sum(v for k, v in final(lg).items() if k.startswith("2var/"))
                     / sum(k.startswith("2var/") for k in final(lg)))

@@ -11,7 +11,15 @@ import torch
 
 from eval_harness.arith_plots import load_log, plot_sweeps, training_phases, write_report
 from hf_memory import cli
-from modeling.arith import ArithConfig, ArithTask, ArithTransformer, TrainConfig, train_arith
+from modeling.arith import (
+    ArithConfig,
+    ArithTask,
+    ArithTransformer,
+    TrainConfig,
+    make_pools,
+    sample_batch,
+    train_arith,
+)
 
 TASK = ArithTask(modulus=11, num_variables=4, seq_len=10)
 CONFIG = ArithConfig(modulus=11, num_variables=4, max_position_embeddings=10, hidden_size=32,
@@ -127,3 +135,12 @@ def test_cli_rejects_bad_fractions(capsys):
         cli.main(["arith-train", "--out", "x", "--held-out-fraction", "1.5"])
     assert exit_info.value.code == 2
     assert "--held-out-fraction: must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_pools_that_cannot_exist_are_left_out():
+    task = ArithTask(modulus=7, num_variables=3, seq_len=10, held_out_fraction=0.0,
+                     no_lhs_variables=())
+    pools = make_pools(task, 16, seed=0)
+    assert set(pools) == {"0var/train", "1var/train", "2var/train"}
+    with pytest.raises(ValueError, match="restricted variables on both operand sides"):
+        sample_batch(task, 4, torch.Generator().manual_seed(0), bad_positions=1)

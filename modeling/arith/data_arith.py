@@ -267,6 +267,8 @@ def sample_batch(
     candidates = (flat if pairs == "held_out" else ~flat).nonzero().squeeze(1)
     if pairs not in ("train", "held_out") or candidates.numel() == 0:
         raise ValueError(f"pairs must be 'train' or 'held_out' with a non-empty set, got {pairs!r}")
+    if bad_positions != 0 and not (task.no_lhs_variables and task.no_rhs_variables):
+        raise ValueError("bad_positions needs restricted variables on both operand sides")
     pair = candidates[torch.randint(candidates.numel(), (b,), generator=gen)]
     lhs, rhs = pair // n, pair % n
     bad = torch.full((b,), bad_positions, dtype=torch.long)

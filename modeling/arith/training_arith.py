@@ -77,10 +77,18 @@ class TrainConfig:
 def make_pools(
     task: ArithTask, size: int, seed: int, held_out: torch.Tensor | None = None
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Every split pool and curated pool, ``size`` sequences each, each with its own seed."""
+    """Every split pool and curated pool, ``size`` sequences each, each with its own seed.
+
+    Pools that cannot exist under ``task`` are left out: held-out-pair pools when no pair is
+    held out, var-restricted pools when an operand side has no restricted variable.
+    """
+    held_out = task.held_out_mask() if held_out is None else held_out
+    restricted = bool(task.no_lhs_variables and task.no_rhs_variables)
     specs = {**POOLS, **CURATED_POOLS}
     return {name: sample_pool(task, spec, size, seed + 1000 * i, held_out)
-            for i, (name, spec) in enumerate(specs.items())}
+            for i, (name, spec) in enumerate(specs.items())
+            if (spec.pairs != "held_out" or held_out.any())
+            and (spec.bad_positions == 0 or restricted)}
 
 
 @torch.no_grad()
