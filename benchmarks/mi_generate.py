@@ -4,7 +4,7 @@ One process, three methods on the same prompt: plain, prompt baseline (the descr
 visible system message), memory inception (target + reference bank at the chosen layers).
 Prints tokens/s (median of repeats) with ratios to plain, and the KV bytes of the banks vs the
 descriptor as a visible prompt (eq. 10).
-Usage: python benchmarks/mi_generate.py [--new-tokens 48] [--repeats 3] [--layers 12-23]
+Usage: python benchmarks/mi_generate.py [--new-tokens 48] [--repeats 3] [--layers 18-22]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from hf_memory import BankSet, MemoryBank, kv_footprint, load_default_model, steer
 from hf_memory.chat import chat_messages
-from hf_memory.demo import DEFAULT_PERSONA, DEFAULT_REFERENCE, parse_layers
+from hf_memory.demo import DEFAULT_LAYERS, DEFAULT_PERSONA, DEFAULT_REFERENCE, parse_layers
 
 PROMPT = "How do you feel about your exam tomorrow?"
 
@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--layers", type=parse_layers, default=parse_layers("12-23"))
+    parser.add_argument("--layers", type=parse_layers, default=parse_layers(DEFAULT_LAYERS))
     args = parser.parse_args()
     model, tokenizer = load_default_model()
     print(f"# machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
@@ -46,9 +46,9 @@ def main() -> None:
           f"{model.name_or_path}; steered layers {args.layers[0]}-{args.layers[-1]}")
     banks = BankSet([
         MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, role="target", name="persona",
-                             layers=args.layers, gain=2.0),
+                             template="{text}", layers=args.layers, gain=2.0),
         MemoryBank.from_text(model, tokenizer, DEFAULT_REFERENCE, role="reference",
-                             name="opposite", layers=args.layers, gain=2.0),
+                             name="opposite", template="{text}", layers=args.layers, gain=2.0),
     ], model=model)
 
     def chat(system: str | None) -> str:
@@ -69,19 +69,15 @@ def main() -> None:
     print(f"  memory inception   {steered:6.1f} tok/s  {steered / plain:.2f}x "
           f"({steered / prompted:.2f}x of prompt)")
 
-    ids = tokenizer(chat(DEFAULT_PERSONA), return_tensors="pt", add_special_tokens=False)
-    plain_ids = tokenizer(chat(None), return_tensors="pt", add_special_tokens=False)
+    descriptor = tokenizer(DEFAULT_PERSONA, return_tensors="pt", add_special_tokens=False)
     persona_only = BankSet([banks["persona"]], model=model)
     for label, bank_set in (("persona bank", persona_only), ("persona + reference", banks)):
-        visible = kv_footprint(model, bank_set, ids.input_ids)
-        extra = visible.prompt_kv_bytes - kv_footprint(model, bank_set,
-                                                        plain_ids.input_ids).prompt_kv_bytes
-        print(f"KV, {label}: {visible.bank_slots} slots x {visible.controlled_layers} layers = "
-              f"{visible.bank_bytes / 1024:.0f} KiB; descriptor as system prompt adds "
-              f"{extra / 1024:.0f} KiB of KV ({extra / visible.bank_bytes:.2f}x the bank); "
-              f"idealised ratio for the descriptor's tokens "
-              f"{visible.num_layers * (ids.input_ids.shape[1] - plain_ids.input_ids.shape[1]) / (visible.controlled_layers * visible.bank_slots):.2f}x")
-
+        fp = kv_footprint(model, bank_set, descriptor.input_ids)
+        print(f"KV, {label}: bank {fp.bank_slots} slots x {fp.controlled_layers} layers = "
+              f"{fp.bank_bytes / 1024:.0f} KiB; descriptor as visible prompt "
+              f"{fp.prompt_tokens} tokens x {fp.num_layers} layers = "
+              f"{fp.prompt_kv_bytes / 1024:.0f} KiB; bank is {fp.actual_ratio:.2f}x smaller "
+              f"(idealised {fp.idealised_ratio:.2f}x)")
 
 if __name__ == "__main__":
     main()

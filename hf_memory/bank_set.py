@@ -160,8 +160,9 @@ class BankSet:
         model: nn.Module | None = None,
         revision: str | None = None,
         token: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
     ) -> BankSet:
-        """Load a saved bank set (a local directory or a Hub repo id).
+        """Load a saved bank set (a local directory, or a Hub repo id through the Hub cache).
 
         With ``model``, the fingerprint and shapes are checked against it. Corrupt or
         inconsistent files raise :class:`BankSetFormatError`.
@@ -170,9 +171,9 @@ class BankSet:
         if not directory.is_dir():
             from huggingface_hub import snapshot_download
 
-            directory = Path(snapshot_download(str(path_or_repo), revision=revision, token=token,
-                                               allow_patterns=[CONFIG_NAME, WEIGHTS_NAME,
-                                                               CARD_NAME]))
+            directory = Path(snapshot_download(
+                str(path_or_repo), revision=revision, token=token, cache_dir=cache_dir,
+                allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME]))
         config = _read_config(directory)
         try:
             tensors = load_file(directory / WEIGHTS_NAME)

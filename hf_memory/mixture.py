@@ -1,4 +1,4 @@
-"""The bank-level attention mixture of memory inception (paper eq. 4–5, 8–9), in float32.
+"""The bank-level attention mixture of memory inception (paper eq. 4–5, 8–9), in float32 or wider.
 
 At a steered site the prompt/history keys form bank 0 and every memory bank b competes through
 its evidence β_b; the output is o* = Σ_b π_b o_b with π = softmax(β). With size normalisation
@@ -33,8 +33,9 @@ class PreparedBank:
 
     Attributes:
         role: ``"target"``, ``"reference"`` or ``"auxiliary"``.
-        keys: scoring keys ``[KVH, M, D]`` in float32 (canonical, or rotated by a phase/position).
-        values: ``[KVH, M, D]`` in float32.
+        keys: scoring keys ``[KVH, M, D]`` in the compute dtype (canonical, or rotated by a
+            phase/position).
+        values: ``[KVH, M, D]`` in the compute dtype.
         gain: λ of the bank.
         post_rope_query: score against the post-RoPE query (slots placed at absolute positions)
             instead of the pre-RoPE one.
@@ -92,7 +93,10 @@ def bank_mixture(
     gamma: float = 1.0,
     size_normalize: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steered attention output for every query head, in float32.
+    """Steered attention output for every query head, in the banks' compute dtype.
+
+    The compute dtype is float32 for half-precision and float32 models, float64 for float64
+    models: exact whatever the model dtype.
 
     Args:
         q_pre: pre-RoPE queries ``[B, H, T, D]``.
@@ -110,23 +114,24 @@ def bank_mixture(
     """
     kv_heads = key.shape[1]
     batch, heads, q_len, _ = q_post.shape
-    qx = _grouped(q_post.float(), kv_heads)
-    scores = torch.einsum("bkgtd,bksd->bkgts", qx, key.float()) * scaling
+    dtype = torch.promote_types(q_post.dtype, torch.float32)
+    qx = _grouped(q_post.to(dtype), kv_heads)
+    scores = torch.einsum("bkgtd,bksd->bkgts", qx, key.to(dtype)) * scaling
     if visible.shape[1] == 1:
         mask = visible[:, :, None]
     else:
         mask = visible.reshape(visible.shape[0], kv_heads, -1, *visible.shape[-2:])
     scores = scores.masked_fill(~mask, float("-inf"))
-    lse_x, out_x = _masked_softmax_read(scores, value.float(), "bkgts,bksd->bkgtd")
+    lse_x, out_x = _masked_softmax_read(scores, value.to(dtype), "bkgts,bksd->bkgtd")
     if size_normalize:
         count = mask.sum(dim=-1).expand_as(lse_x)
-        beta_x = torch.where(count > 0, lse_x - count.clamp(min=1).float().log(), -math.inf)
+        beta_x = torch.where(count > 0, lse_x - count.clamp(min=1).to(dtype).log(), -math.inf)
     else:
         beta_x = lse_x
 
     evidence, outputs, log_means = [beta_x], [out_x], []
     for bank in banks:
-        query = qx if bank.post_rope_query else _grouped(q_pre.float(), kv_heads)
+        query = qx if bank.post_rope_query else _grouped(q_pre.to(dtype), kv_heads)
         s = torch.einsum("bkgtd,kmd->bkgtm", query, bank.keys) * scaling
         lse, out = _masked_softmax_read(s, bank.values, "bkgtm,kmd->bkgtd")
         log_mean = lse - math.log(bank.keys.shape[1])

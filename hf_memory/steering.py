@@ -10,6 +10,7 @@ the KV cache: ``update()`` swaps them between any two forward passes.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,10 +50,17 @@ class SiteState:
     record_routing: bool = False
 
 
+def _base_attention(name: str, module: nn.Module):
+    """The stock attention function: registered (``sdpa``) or the modeling file's ``eager``."""
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
 def _steered_attention(base_name: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
-        base = ALL_ATTENTION_FUNCTIONS[base_name]
+        base = _base_attention(base_name, module)
         output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                dropout=dropout, **kwargs)
         site: SiteState | None = getattr(module, SITE_ATTR, None)
@@ -85,17 +93,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _prepare(bank: MemoryBank, row: int, rotary: nn.Module, device) -> PreparedBank:
+def _prepare(bank: MemoryBank, row: int, rotary: nn.Module, device, dtype) -> PreparedBank:
     """Scoring keys for one bank at one layer: canonical, or rotated by phase / position."""
-    keys = bank.keys[row].to(device=device, dtype=torch.float32)
-    values = bank.values[row].to(device=device, dtype=torch.float32)
+    keys = bank.keys[row].to(device=device, dtype=dtype)
+    values = bank.values[row].to(device=device, dtype=dtype)
     scale = float(getattr(rotary, "attention_scaling", 1.0))
     offsets = bank.positions if bank.positions is not None else bank.phases
     if offsets is None:
         keys = keys * scale
     else:
-        cos, sin = rotary(keys, offsets.to(device=device)[None].float())
-        keys = keys * cos[0].float() + _rotate_half(keys) * sin[0].float()
+        cos, sin = rotary(keys, offsets.to(device=device)[None])
+        keys = keys * cos[0] + _rotate_half(keys) * sin[0]
     return PreparedBank(bank.role, keys, values, bank.gain,
                         post_rope_query=bank.positions is not None)
 
@@ -120,7 +128,8 @@ class SteeringHandle:
         banks: a :class:`BankSet` or a sequence of :class:`MemoryBank` (may be empty).
         selector: a frozen selector artifact (layers, units, unit type, layer gains); if given,
             ``layers``, ``units``, ``unit_type`` and ``layer_gains`` must be left out.
-        layers: layers to steer (default: every layer some bank covers).
+        layers: layers to steer (default: the keys of a ``units`` mapping, else every layer
+            some bank covers).
         units: units to steer, the same at every layer, or a mapping layer → units
             (default: all).
         unit_type: ``"head"`` (query heads) or ``"kv_group"`` (expanded to its query heads).
@@ -164,7 +173,12 @@ class SteeringHandle:
         self._sites: dict[int, SiteState] = {}
         self.audit_log: list[dict[str, Any]] = []
         self._removed = False
-        self._install(self._as_bank_set(banks))
+        try:
+            self._install(self._as_bank_set(banks))
+        except BaseException:
+            self._detach_all()
+            self.model.set_attn_implementation(self.original_implementation)
+            raise
 
     def _as_bank_set(self, banks: BankSet | Sequence[MemoryBank]) -> BankSet:
         bank_set = banks if isinstance(banks, BankSet) else BankSet(list(banks))
@@ -175,6 +189,8 @@ class SteeringHandle:
         layers, units, unit_type, _ = self._requested
         num_layers = self.model.config.num_hidden_layers
         covered = sorted({i for bank in bank_set.banks for i in bank.layers})
+        if layers is None and isinstance(units, Mapping):
+            layers = units.keys()
         chosen = covered if layers is None else sorted({int(i) for i in layers})
         bad = [i for i in chosen if not 0 <= i < num_layers]
         if bad:
@@ -191,15 +207,17 @@ class SteeringHandle:
             sites[layer] = _expand_units(layer_units, unit_type, self._heads, self._kv_heads)
         return sites
 
-    def _install(self, bank_set: BankSet) -> None:
+    def _install(self, bank_set: BankSet, event: str = "activate") -> None:
         self.bank_set = bank_set
         self.sites = self._site_layers(bank_set)
         gains = self._requested[3]
         gamma, normalize = self._overrides
         rotary = self.adapter.rotary(self.model)
-        device = next(self.model.parameters()).device
+        parameter = next(self.model.parameters())
+        device = parameter.device
+        dtype = torch.promote_types(parameter.dtype, torch.float32)
         for layer, heads in self.sites.items():
-            prepared = [_prepare(bank, bank.layer_index(layer), rotary, device)
+            prepared = [_prepare(bank, bank.layer_index(layer), rotary, device, dtype)
                         for bank in bank_set.banks if bank.layer_index(layer) is not None]
             site = SiteState(
                 heads=torch.tensor(heads, device=device, dtype=torch.long), banks=prepared,
@@ -210,7 +228,7 @@ class SteeringHandle:
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
                                                                 with_kwargs=True))
         self.model.set_attn_implementation(IMPL_PREFIX + self.original_implementation)
-        self._record("activate")
+        self._record(event)
 
     def _attach(self, layer: int, site: SiteState) -> None:
         attention = self.adapter.attention(self.model, layer)
@@ -241,7 +259,11 @@ class SteeringHandle:
         bank_set = self._as_bank_set(banks)
         self._detach_all()
         self.model.set_attn_implementation(self.original_implementation)
-        self._install(bank_set)
+        try:
+            self._install(bank_set, "update")
+        except BaseException:
+            self.remove()
+            raise
 
     def remove(self) -> None:
         """Restore the model exactly: attention implementation, hooks, attributes."""

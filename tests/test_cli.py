@@ -49,9 +49,23 @@ def test_missing_model_package_is_one_line(monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_demo_answers_prompts(capsys):
+def test_demo_compares_plain_prompt_and_memory(capsys):
     assert cli.main(["demo", "--prompt", "What is the capital of France?",
-                     "--max-new-tokens", "16"]) == 0
+                     "--max-new-tokens", "12", "--layers", "20-21"]) == 0
     out = capsys.readouterr().out
     assert "User: What is the capital of France?" in out
-    assert "Paris" in out
+    plain = next(line for line in out.splitlines() if line.strip().startswith("[plain]"))
+    assert "Paris" in plain
+    assert "[prompt (+" in out and "[memory (+" in out
+    assert "bank 23 slots x 2 layers" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--layers", "a-b"], "layers must look like"),
+    (["demo", "--gain", "-1"], "must be finite and >= 0"),
+], ids=["layers", "gain"])
+def test_demo_rejects_bad_options(argv, message):
+    result = run_cli(*argv)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert message in result.stderr

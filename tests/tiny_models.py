@@ -1,0 +1,40 @@
+"""Tiny randomly initialised stock decoders, built in code the way transformers tests itself."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=256, pad_token_id=0)
+
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {}),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                  {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "experts_implementation": "eager"}),  # grouped_mm has no float64
+}
+
+
+def tiny_model(family: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,
+               attn: str = "sdpa", **overrides):
+    """A tiny ``family`` model in eval mode: 3 layers, 4 query heads, 2 KV heads, head_dim 16."""
+    config_class, model_class, extra = FAMILIES[family]
+    config = config_class(**{**COMMON, **extra, **overrides})
+    torch.manual_seed(seed)
+    model = model_class(config).to(dtype).eval()
+    model.set_attn_implementation(attn)
+    return model
