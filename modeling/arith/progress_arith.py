@@ -169,8 +169,7 @@ def progress_measures(
 
     ids = batch["input_ids"]
     res = model(ids, output_attentions=True, output_hidden_states=True)
-    att0 = res.attentions[0].sum(1)  # [B, T, T], summed over heads -> mean below
-    att0 = att0 / res.attentions[0].shape[1]
+    att0 = res.attentions[0].mean(1)  # [B, T, T], averaged over heads
     out["attn_l1_equal_to_operands"] = att0[:, -1, p + 1:p + 3].sum(-1).mean().item()
     is_num = (ids[:, :p] < n)
     is_num[:, 0] = False
