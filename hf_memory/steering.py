@@ -3,7 +3,8 @@
 ``steer(model, banks)`` registers one attention function (and the matching mask function) with
 transformers' ``AttentionInterface``, switches the model to it, and hooks the pre-RoPE query at
 the steered layers. Layers or heads without steering call the model's own attention function
-unchanged, so empty or inactive steering is bit-identical to the plain model. Banks live outside
+unchanged, so empty or inactive steering is bit-identical to the plain model; a layer whose
+heads are all steered skips it (and returns no attention weights). Banks live outside
 the KV cache: ``update()`` swaps them between any two forward passes.
 """
 
@@ -45,6 +46,7 @@ class SiteState:
     rho: float
     gamma: float
     size_normalize: bool
+    all_heads: bool = False
     query: torch.Tensor | None = None
     routing: list[torch.Tensor] = field(default_factory=list)
     record_routing: bool = False
@@ -61,11 +63,10 @@ def _steered_attention(base_name: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
         base = _base_attention(base_name, module)
-        output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
-                               dropout=dropout, **kwargs)
         site: SiteState | None = getattr(module, SITE_ATTR, None)
         if site is None or not site.banks:
-            return output, weights
+            return base(module, query, key, value, attention_mask, scaling=scaling,
+                        dropout=dropout, **kwargs)
         q_pre, site.query = site.query, None
         if q_pre is None:
             raise RuntimeError("steered attention ran without its pre-RoPE query hook")
@@ -76,7 +77,10 @@ def _steered_attention(base_name: str):
             rho=site.rho, gamma=site.gamma, size_normalize=site.size_normalize)
         if site.record_routing:
             site.routing.append(routing[:, site.heads].detach())
-        output = output.clone()
+        if site.all_heads:
+            return mixed.transpose(1, 2).to(query.dtype), None
+        output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
+                               dropout=dropout, **kwargs)
         output[:, :, site.heads] = mixed[:, site.heads].transpose(1, 2).to(output.dtype)
         return output, weights
 
@@ -221,6 +225,7 @@ class SteeringHandle:
                         for bank in bank_set.banks if bank.layer_index(layer) is not None]
             site = SiteState(
                 heads=torch.tensor(heads, device=device, dtype=torch.long), banks=prepared,
+                all_heads=len(heads) == self._heads,
                 rho=float(gains.get(layer, gains.get(str(layer), 1.0))),
                 gamma=bank_set.gamma if gamma is None else float(gamma),
                 size_normalize=bank_set.size_normalize if normalize is None else normalize)
