@@ -106,3 +106,17 @@ def test_kv_footprint_counts_real_bytes(default_model):
     assert footprint.actual_ratio == pytest.approx(6.0)
     with pytest.raises(ValueError, match="not covered|none of layers"):
         kv_footprint(model, BankSet([bank], model=model), ids, layers=[0])
+
+
+def test_steered_batched_chat_equals_one_by_one(default_model):
+    from hf_memory import generate_chat
+
+    model, tokenizer = default_model
+    bank = MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, template="{text}",
+                                layers=PERSONA_LAYERS, gain=2.0)
+    prompts = ["How do you feel about your exam tomorrow?", "Describe your morning in a sentence."]
+    with steer(model, BankSet([bank], model=model)):
+        batched = generate_chat(model, tokenizer, prompts, max_new_tokens=10)
+        single = [generate_chat(model, tokenizer, [p], max_new_tokens=10)[0] for p in prompts]
+    assert batched == single
+    assert batched != generate_chat(model, tokenizer, prompts, max_new_tokens=10)
