@@ -74,6 +74,8 @@ def plot_all(results: dict[str, Any], directory: str | Path) -> list[Path]:
         if polarity in results["agreement"]:
             axes.plot(x, results["agreement"][polarity]["median_target_rank"], style,
                       label=f"polarity {polarity}")
+    axes.axhline((results["model"]["vocab_size"] - 1) / 2, color="#8c8c8c", linestyle="--",
+                 label="random token (median)")
     axes.set_yscale("log")
     axes.legend(fontsize=8)
     paths.append(_save(figure, directory, FIGURES[2]))

@@ -131,6 +131,7 @@ def analyze_ffn_memories(
             "num_layers": len(adapter.layers),
             "mlp_kind": adapter.kind,
             "memories_per_layer": adapter.num_memories,
+            "vocab_size": adapter.unembedding.out_features,
         },
         "corpus": {
             "sentences": len(corpus.token_ids),
