@@ -26,11 +26,17 @@ _EXPORTS = {
     "adapters": ["SUPPORTED_MODEL_TYPES", "UnsupportedModelError"],
     "bank_set": ["BankSet", "BankSetFormatError"],
     "banks": ["DEFAULT_TEMPLATES", "MemoryBank"],
-    "chat": ["chat_messages", "generate_chat"],
+    "caa": ["CAAVectors", "apply_caa"],
+    "chat": ["chat_messages", "generate_chat", "generate_conversations"],
+    "controller": ["AllowedTokensProcessor", "BankController", "Switch"],
+    "conversation": ["Conversation"],
     "default_model": ["DEFAULT_MODEL_ID", "DefaultModelUnavailableError",
                       "ensure_default_model_cached", "load_default_model"],
     "fingerprint": ["FingerprintMismatchError", "model_fingerprint"],
     "kv_accounting": ["KVFootprint", "kv_footprint"],
+    "methods": ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
+                "generate_with"],
+    "selector": ["Selector"],
     "steering": ["SteeringHandle", "steer", "steered_generate"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

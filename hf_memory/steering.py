@@ -50,6 +50,7 @@ class SiteState:
     query: torch.Tensor | None = None
     routing: list[torch.Tensor] = field(default_factory=list)
     record_routing: bool = False
+    trace_only: bool = False
 
 
 def _base_attention(name: str, module: nn.Module):
@@ -77,6 +78,9 @@ def _steered_attention(base_name: str):
             rho=site.rho, gamma=site.gamma, size_normalize=site.size_normalize)
         if site.record_routing:
             site.routing.append(routing[:, site.heads].detach())
+        if site.trace_only:
+            return base(module, query, key, value, attention_mask, scaling=scaling,
+                        dropout=dropout, **kwargs)
         if site.all_heads:
             return mixed.transpose(1, 2).to(query.dtype), None
         output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
@@ -139,6 +143,8 @@ class SteeringHandle:
         unit_type: ``"head"`` (query heads) or ``"kv_group"`` (expanded to its query heads).
         layer_gains: ρ_ℓ per layer (default 1.0).
         gamma, size_normalize: override the bank set's mixture settings.
+        trace_only: compute and record the routing at the sites but leave the model's outputs
+            unchanged (diagnostic tracing for calibration).
     """
 
     def __init__(
@@ -153,6 +159,7 @@ class SteeringHandle:
         layer_gains: Mapping[int, float] | None = None,
         gamma: float | None = None,
         size_normalize: bool | None = None,
+        trace_only: bool = False,
     ) -> None:
         self.model = model
         self.adapter = get_adapter(model)
@@ -167,12 +174,15 @@ class SteeringHandle:
         if selector is not None:
             if layers is not None or units is not None or layer_gains is not None:
                 raise ValueError("give a selector or layers/units/layer_gains, not both")
+            selector.check_model(model)
             layers, units = selector.layers, selector.units
             unit_type, layer_gains = selector.unit_type, selector.layer_gains
         if unit_type not in ("head", "kv_group"):
             raise ValueError(f"unit_type must be 'head' or 'kv_group', got {unit_type!r}")
         self._requested = (layers, units, unit_type, dict(layer_gains or {}))
         self._overrides = (gamma, size_normalize)
+        self._trace_only = trace_only
+        self._record_routing = False
         self._hooks: list[Any] = []
         self._sites: dict[int, SiteState] = {}
         self.audit_log: list[dict[str, Any]] = []
@@ -228,7 +238,8 @@ class SteeringHandle:
                 all_heads=len(heads) == self._heads,
                 rho=float(gains.get(layer, gains.get(str(layer), 1.0))),
                 gamma=bank_set.gamma if gamma is None else float(gamma),
-                size_normalize=bank_set.size_normalize if normalize is None else normalize)
+                size_normalize=bank_set.size_normalize if normalize is None else normalize,
+                record_routing=self._record_routing, trace_only=self._trace_only)
             self._attach(layer, site)
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
                                                                 with_kwargs=True))
@@ -291,14 +302,25 @@ class SteeringHandle:
         return {layer: heads for layer, heads in self.sites.items() if self._sites[layer].banks}
 
     def record_routing(self, enabled: bool = True) -> None:
-        """Keep the routing mass π of every steered forward pass (see :meth:`routing`)."""
+        """Keep the routing mass π of every steered forward pass (see :meth:`routing`).
+
+        The setting survives :meth:`update`; turning it on (again) clears what was recorded.
+        """
+        self._record_routing = enabled
         for site in self._sites.values():
             site.record_routing = enabled
             site.routing.clear()
 
-    def routing(self) -> dict[int, list[torch.Tensor]]:
-        """Recorded routing masses per layer: ``[B, H_sel, T, 1 + n_banks]`` per forward pass."""
-        return {layer: list(site.routing) for layer, site in self._sites.items()}
+    def routing(self, *, clear: bool = False) -> dict[int, list[torch.Tensor]]:
+        """Recorded routing masses per layer: ``[B, H_sel, T, 1 + n_banks]`` per forward pass.
+
+        Column 0 is the prompt bank, column 1 + i the i-th bank of the bank set.
+        """
+        recorded = {layer: list(site.routing) for layer, site in self._sites.items()}
+        if clear:
+            for site in self._sites.values():
+                site.routing.clear()
+        return recorded
 
     def _on_forward(self, _module, args, kwargs) -> None:
         cache = kwargs.get("past_key_values")

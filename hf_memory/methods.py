@@ -1,0 +1,119 @@
+"""Steering methods behind one interface, so every evaluation can swap them (paper section 4).
+
+A method says how a prompt is presented (``messages``) and what is attached to the model while
+it generates (``attach``): plain (nothing), prompt (the guidance text in the visible context, as a
+system message or prepended to the user turn), CAA (activation addition from the end of the
+instruction on) and memory inception (banks at the selected sites).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from torch import nn
+
+from .bank_set import BankSet
+from .caa import CAAVectors, apply_caa
+from .chat import chat_messages, encode_chats, generate_conversations
+from .kv_accounting import prompt_kv_bytes
+from .steering import steer
+
+__all__ = ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
+           "generate_with"]
+
+
+class Method:
+    """Plain generation; the base of every method."""
+
+    name = "plain"
+
+    def messages(self, prompt: str) -> list[dict[str, str]]:
+        return chat_messages(prompt)
+
+    def attach(self, model: nn.Module, prompt_length: int) -> AbstractContextManager:
+        return nullcontext()
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies this method in a results file."""
+        return {"method": self.name}
+
+    def guidance_kv_bytes(self, model: nn.Module, tokenizer, prompt: str) -> int:
+        """Extra KV-cache bytes the method's guidance occupies for ``prompt`` (visible tokens)."""
+        return 0
+
+
+PlainMethod = Method
+
+
+class PromptMethod(Method):
+    """The guidance text in the visible context: a system message, or prepended to the turn."""
+
+    name = "prompt"
+
+    def __init__(self, text: str, placement: str = "system") -> None:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("the prompt baseline needs a non-empty guidance text")
+        if placement not in ("system", "prepend"):
+            raise ValueError(f"placement must be 'system' or 'prepend', got {placement!r}")
+        self.text, self.placement = text, placement
+
+    def messages(self, prompt: str) -> list[dict[str, str]]:
+        if self.placement == "system":
+            return chat_messages(prompt, system=self.text)
+        return chat_messages(f"{self.text}\n\n{prompt}")
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.name, "placement": self.placement, "text": self.text}
+
+    def guidance_kv_bytes(self, model: nn.Module, tokenizer, prompt: str) -> int:
+        with_text = encode_chats(tokenizer, [self.messages(prompt)]).input_ids
+        without = encode_chats(tokenizer, [chat_messages(prompt)]).input_ids
+        return prompt_kv_bytes(model, with_text) - prompt_kv_bytes(model, without)
+
+
+class CAAMethod(Method):
+    """Contrastive activation addition at every position after the instruction."""
+
+    name = "caa"
+
+    def __init__(self, vectors: CAAVectors, scale: float | None = None) -> None:
+        self.vectors = vectors
+        self.scale = vectors.scale if scale is None else float(scale)
+
+    def attach(self, model: nn.Module, prompt_length: int) -> AbstractContextManager:
+        return apply_caa(model, self.vectors, scale=self.scale, start_position=prompt_length)
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.name, "layers": self.vectors.layers, "scale": self.scale,
+                "site": "post_attention", "pairs_sha256": self.vectors.provenance.get(
+                    "pairs_sha256")}
+
+
+class MemoryMethod(Method):
+    """Memory inception: banks at the selector's sites (or the sites given as ``steering``)."""
+
+    name = "memory"
+
+    def __init__(self, banks: BankSet, selector: Any = None, **steering: Any) -> None:
+        self.banks, self.selector, self.steering = banks, selector, steering
+
+    def attach(self, model: nn.Module, prompt_length: int) -> AbstractContextManager:
+        return steer(model, self.banks, selector=self.selector, **self.steering)
+
+    def describe(self) -> dict[str, Any]:
+        sites = ({str(k): v for k, v in self.selector.units.items()} if self.selector
+                 else self.steering)
+        return {"method": self.name, "banks": self.banks.audit(), "sites": sites,
+                "unit_type": self.selector.unit_type if self.selector else None}
+
+
+def generate_with(method: Method, model: nn.Module, tokenizer, prompts: Sequence[str],
+                  **generate_kwargs: Any) -> list[str]:
+    """Answer ``prompts`` (one left-padded batch) with ``method`` applied."""
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty sequence of strings")
+    return generate_conversations(
+        model, tokenizer, [method.messages(p) for p in prompts],
+        attach=lambda length: method.attach(model, length), **generate_kwargs)

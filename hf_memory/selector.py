@@ -1,0 +1,341 @@
+"""Automatic layer and unit selection (paper section 3.1, eq. 3, 11–12, algorithm 1, appendix C).
+
+Calibration runs prompts through the *unsteered* model while every candidate site traces what it
+would route (``steer(..., trace_only=True)``), and records per query head:
+
+- the alignment margin a = max_j q̄·k⁺_j/√d − max_j q̄·k⁻_j/√d (eq. 3), pre-RoPE query q̄;
+- the routing mass π of the target bank m⁺, the reference bank m⁻ and the prompt m^x.
+
+Means over every non-padding calibration position give the unit score
+U = ā + ξ·m̄⁺ − χ·m̄^x (eq. 11). Units are query heads, or KV groups (the mean over a group's
+heads, expanded back to its heads at steering time). The top-k units of each layer are kept, the
+layer score aggregates them (sum or mean, eq. 12), the top-m layers are kept, and layer gains ρ_ℓ
+are assigned. The result is a frozen :class:`Selector` artifact: ``steer(model, banks,
+selector=selector)`` applies it with no further search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from .adapters import get_adapter, head_dim
+from .bank_set import BankSet
+from .capture import capture_outputs
+from .chat import chat_messages
+from .fingerprint import check_fingerprint, model_fingerprint
+from .steering import steer
+
+__all__ = ["Selector", "SelectorFormatError", "alignment_margin", "select_sites", "unit_scores"]
+
+FORMAT_VERSION = 1
+CONFIG_NAME = "selector.json"
+DIAGNOSTICS_NAME = "diagnostics.safetensors"
+DIAGNOSTICS = ("alignment", "target_mass", "reference_mass", "prompt_mass", "score")
+
+
+class SelectorFormatError(ValueError):
+    """A saved selector is missing, corrupt or inconsistent."""
+
+
+def alignment_margin(
+    queries: torch.Tensor, target_keys: torch.Tensor, reference_keys: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Eq. 3 per query: ``max_j q·k⁺_j·scale − max_j q·k⁻_j·scale``.
+
+    Args:
+        queries: pre-RoPE queries ``[..., H, T, D]``.
+        target_keys, reference_keys: bank keys per query head ``[H, M, D]``.
+    Returns:
+        margins ``[..., H, T]``.
+    """
+    best_target = torch.einsum("...htd,hmd->...htm", queries, target_keys).amax(-1)
+    best_reference = torch.einsum("...htd,hmd->...htm", queries, reference_keys).amax(-1)
+    return (best_target - best_reference) * scale
+
+
+def unit_scores(alignment: torch.Tensor, target_mass: torch.Tensor, prompt_mass: torch.Tensor,
+                *, xi: float, chi: float) -> torch.Tensor:
+    """Eq. 11: U = ā + ξ·m̄⁺ − χ·m̄^x, elementwise over ``[layers, units]``."""
+    return alignment + xi * target_mass - chi * prompt_mass
+
+
+def _ranked(values: torch.Tensor) -> list[int]:
+    """Indices by descending value; ties keep the lower index (deterministic)."""
+    return torch.sort(-values, stable=True).indices.tolist()
+
+
+def select_sites(scores: torch.Tensor, *, top_units: int, top_layers: int,
+                 aggregate: str = "sum") -> tuple[list[int], dict[int, list[int]], torch.Tensor]:
+    """Eq. 12 on a ``[layers, units]`` score table.
+
+    Returns ``(layer rows, units per layer row, layer scores)``: the top-``top_layers`` rows by the
+    sum or mean of their top-``top_units`` unit scores, in descending layer-score order.
+    """
+    if aggregate not in ("sum", "mean"):
+        raise ValueError(f"aggregate must be 'sum' or 'mean', got {aggregate!r}")
+    rows, units = scores.shape
+    if not 1 <= top_units <= units:
+        raise ValueError(f"top_units must be in [1, {units}], got {top_units}")
+    if not 1 <= top_layers <= rows:
+        raise ValueError(f"top_layers must be in [1, {rows}], got {top_layers}")
+    kept = {row: sorted(_ranked(scores[row])[:top_units]) for row in range(rows)}
+    layer_scores = torch.stack([scores[row, kept[row]].sum() for row in range(rows)])
+    if aggregate == "mean":
+        layer_scores = layer_scores / top_units
+    chosen = _ranked(layer_scores)[:top_layers]
+    return chosen, {row: kept[row] for row in chosen}, layer_scores
+
+
+@dataclass
+class Selector:
+    """A frozen selection: which layers and units to steer, with which layer gains.
+
+    Attributes:
+        layers: steered layers, ascending.
+        units: per steered layer, the selected units (query heads or KV groups).
+        unit_type: ``"head"`` or ``"kv_group"``.
+        layer_gains: ρ_ℓ per steered layer.
+        candidate_layers: the layers the calibration scored (rows of ``diagnostics``).
+        diagnostics: ``[len(candidate_layers), units]`` tables: alignment, target_mass,
+            reference_mass, prompt_mass, score.
+        config: the calibration configuration (budgets, ξ, χ, aggregation, prompts' hash).
+        fingerprint: the model the selector was calibrated on.
+    """
+
+    layers: list[int]
+    units: dict[int, list[int]]
+    unit_type: str
+    layer_gains: dict[int, float]
+    candidate_layers: list[int]
+    diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] | None = None
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raise if the selector was calibrated on a different model."""
+        if self.fingerprint is not None:
+            check_fingerprint(self.fingerprint, model, "this selector")
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per candidate layer: mean diagnostics over its selected-or-all units."""
+        rows = []
+        for i, layer in enumerate(self.candidate_layers):
+            row = {"layer": layer, "selected": layer in self.layers}
+            for name in DIAGNOSTICS:
+                row[name] = float(self.diagnostics[name][i].mean())
+            rows.append(row)
+        return rows
+
+    @classmethod
+    @torch.no_grad()
+    def calibrate(
+        cls,
+        model: nn.Module,
+        tokenizer,
+        banks: BankSet,
+        prompts: Sequence[str],
+        *,
+        top_layers: int = 5,
+        top_units: int = 1,
+        unit_type: str = "auto",
+        candidate_layers: Sequence[int] | None = None,
+        xi: float = 1.0,
+        chi: float = 1.0,
+        aggregate: str = "sum",
+        layer_gains: str = "uniform",
+        chat_template: bool = True,
+        batch_size: int = 4,
+        progress: bool = True,
+    ) -> Selector:
+        """Algorithm 1: score every candidate unit on ``prompts`` and freeze the best sites.
+
+        Args:
+            banks: a bank set with a target and a reference bank (auxiliary banks take part in
+                the routing like at steering time).
+            prompts: calibration prompts (wrapped in the chat template unless told otherwise).
+            top_layers, top_units: the budgets m and k.
+            unit_type: ``"head"``, ``"kv_group"``, or ``"auto"`` (KV groups for grouped-query
+                models, heads for dense ones).
+            xi, chi: weights of target mass and prompt mass in eq. 11.
+            aggregate: ``"sum"`` or ``"mean"`` over a layer's top units (eq. 12).
+            layer_gains: ``"uniform"`` (ρ = 1) or ``"relative"`` (ρ_ℓ = U_ℓ / max U over the
+                selected layers, clipped to [0, 1]).
+        """
+        config = model.config
+        adapter = get_adapter(model)
+        roles = [bank.role for bank in banks]
+        if "target" not in roles or "reference" not in roles:
+            raise ValueError("calibration needs a target and a reference bank")
+        if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
+            raise ValueError("calibration needs a non-empty list of non-empty prompts")
+        if layer_gains not in ("uniform", "relative"):
+            raise ValueError(f"layer_gains must be 'uniform' or 'relative', got {layer_gains!r}")
+        if unit_type == "auto":
+            grouped = config.num_key_value_heads < config.num_attention_heads
+            unit_type = "kv_group" if grouped else "head"
+        if unit_type not in ("head", "kv_group"):
+            raise ValueError(f"unit_type must be 'head', 'kv_group' or 'auto', got {unit_type!r}")
+        target, reference = (next(b for b in banks if b.role == role)
+                             for role in ("target", "reference"))
+        covered = sorted(set(target.layers) & set(reference.layers))
+        candidates = covered if candidate_layers is None else sorted(set(candidate_layers))
+        missing = sorted(set(candidates) - set(covered))
+        if missing or not candidates:
+            raise ValueError(f"candidate layers {missing or candidates} are not covered by both "
+                             "the target and the reference bank")
+        heads, kv_heads, width = (config.num_attention_heads, config.num_key_value_heads,
+                                  head_dim(config))
+        group = heads // kv_heads
+        device = next(model.parameters()).device
+        target_col, reference_col = 1 + roles.index("target"), 1 + roles.index("reference")
+
+        sums = {name: torch.zeros(len(candidates), heads, dtype=torch.float64)
+                for name in DIAGNOSTICS[:4]}
+        count = 0
+        texts = [tokenizer.apply_chat_template(chat_messages(p), add_generation_prompt=True,
+                                               tokenize=False) if chat_template else p
+                 for p in prompts]
+        query_modules = {f"q{layer}": getattr(adapter.attention(model, layer),
+                                              adapter.query_module) for layer in candidates}
+        bank_keys = {}
+        for layer in candidates:
+            bank_keys[layer] = [
+                bank.keys[bank.layer_index(layer)].to(device=device, dtype=torch.float64)
+                .repeat_interleave(group, dim=0) for bank in (target, reference)]
+        previous_side = tokenizer.padding_side
+        tokenizer.padding_side = "left"
+        try:
+            batches = range(0, len(texts), batch_size)
+            for start in tqdm(batches, desc="calibrating", disable=not progress):
+                batch = tokenizer(texts[start:start + batch_size], return_tensors="pt",
+                                  padding=True, add_special_tokens=False).to(device)
+                valid = batch["attention_mask"].bool()
+                with steer(model, banks, layers=candidates, trace_only=True) as handle, \
+                        capture_outputs(query_modules) as captured:
+                    handle.record_routing()
+                    model(**batch, use_cache=False)
+                    routing = handle.routing()
+                weights = valid[:, None, :].to(torch.float64)
+                for row, layer in enumerate(candidates):
+                    q = adapter.heads(captured[f"q{layer}"], width).to(torch.float64)
+                    margin = alignment_margin(q, *bank_keys[layer], scale=width ** -0.5)
+                    (pi,) = routing[layer]
+                    pi = pi.to(torch.float64)
+                    for name, value in (("alignment", margin), ("target_mass", pi[..., target_col]),
+                                        ("reference_mass", pi[..., reference_col]),
+                                        ("prompt_mass", pi[..., 0])):
+                        sums[name][row] += (value * weights).sum(dim=(0, 2)).cpu()
+                count += int(valid.sum())
+        finally:
+            tokenizer.padding_side = previous_side
+
+        per_head = {name: total / count for name, total in sums.items()}
+        if unit_type == "kv_group":
+            per_unit = {k: v.view(len(candidates), kv_heads, group).mean(-1)
+                        for k, v in per_head.items()}
+        else:
+            per_unit = per_head
+        scores = unit_scores(per_unit["alignment"], per_unit["target_mass"],
+                             per_unit["prompt_mass"], xi=xi, chi=chi)
+        rows, units, layer_scores = select_sites(scores, top_units=top_units,
+                                                 top_layers=top_layers, aggregate=aggregate)
+        layers = sorted(candidates[row] for row in rows)
+        chosen_units = {candidates[row]: units[row] for row in rows}
+        if layer_gains == "uniform":
+            gains = {layer: 1.0 for layer in layers}
+        else:
+            best = max(float(layer_scores[row]) for row in rows)
+            gains = {candidates[row]: (min(1.0, max(0.0, float(layer_scores[row]) / best))
+                                       if best > 0 else 1.0) for row in rows}
+        prompts_hash = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
+        return cls(
+            layers=layers, units=dict(sorted(chosen_units.items())), unit_type=unit_type,
+            layer_gains=dict(sorted(gains.items())), candidate_layers=list(candidates),
+            diagnostics={**{k: v.to(torch.float32) for k, v in per_unit.items()},
+                         "score": scores.to(torch.float32)},
+            config={"top_layers": top_layers, "top_units": top_units, "xi": xi, "chi": chi,
+                    "aggregate": aggregate, "layer_gains": layer_gains,
+                    "chat_template": chat_template, "num_prompts": len(prompts),
+                    "num_positions": count, "prompts_sha256": prompts_hash,
+                    "banks": banks.audit(), "layer_scores": layer_scores.tolist()},
+            fingerprint=model_fingerprint(model))
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        """Write ``selector.json``, ``diagnostics.safetensors`` and a ``README.md`` card."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        record = {
+            "format_version": FORMAT_VERSION, "kind": "memory_inception_selector",
+            "layers": self.layers, "units": {str(k): v for k, v in self.units.items()},
+            "unit_type": self.unit_type,
+            "layer_gains": {str(k): v for k, v in self.layer_gains.items()},
+            "candidate_layers": self.candidate_layers, "config": self.config,
+            "fingerprint": self.fingerprint,
+        }
+        (directory / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        save_file({k: v.contiguous() for k, v in self.diagnostics.items()},
+                  directory / DIAGNOSTICS_NAME)
+        (directory / "README.md").write_text(_card(self))
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, *,
+                        model: nn.Module | None = None) -> Selector:
+        """Load a saved selector; with ``model``, check it was calibrated on that model."""
+        directory = Path(directory)
+        try:
+            record = json.loads((directory / CONFIG_NAME).read_text())
+            diagnostics = load_file(directory / DIAGNOSTICS_NAME)
+        except FileNotFoundError as error:
+            raise SelectorFormatError(f"{directory} lacks {Path(error.filename).name}") from None
+        except (ValueError, SafetensorError, OSError) as error:
+            raise SelectorFormatError(f"{directory} holds a corrupt selector: {error}") from None
+        if record.get("kind") != "memory_inception_selector" or (
+                record.get("format_version") != FORMAT_VERSION):
+            raise SelectorFormatError(f"{directory / CONFIG_NAME} is not a version "
+                                      f"{FORMAT_VERSION} memory-inception selector")
+        try:
+            selector = cls(
+                layers=list(record["layers"]),
+                units={int(k): list(v) for k, v in record["units"].items()},
+                unit_type=record["unit_type"],
+                layer_gains={int(k): float(v) for k, v in record["layer_gains"].items()},
+                candidate_layers=list(record["candidate_layers"]), diagnostics=diagnostics,
+                config=record["config"], fingerprint=record["fingerprint"])
+        except KeyError as error:
+            raise SelectorFormatError(f"{directory / CONFIG_NAME} lacks {error}") from None
+        if sorted(selector.units) != selector.layers or sorted(selector.layer_gains) != (
+                selector.layers):
+            raise SelectorFormatError(f"{directory / CONFIG_NAME}: layers, units and gains "
+                                      "disagree")
+        if model is not None:
+            selector.check_model(model)
+        return selector
+
+
+def _card(selector: Selector) -> str:
+    lines = ["---", "library_name: hf-memory", "tags:", "- memory-inception", "- selector", "---",
+             "", "# Memory-inception selector", "",
+             f"Frozen sites: unit type `{selector.unit_type}`; calibrated on "
+             f"`{(selector.fingerprint or {}).get('name_or_path') or 'unspecified'}` with "
+             f"{selector.config.get('num_prompts')} prompts "
+             f"(ξ = {selector.config.get('xi')}, χ = {selector.config.get('chi')}, "
+             f"{selector.config.get('aggregate')} over the top "
+             f"{selector.config.get('top_units')} units).", "",
+             "| layer | units | ρ |", "| --- | --- | --- |"]
+    lines += [f"| {layer} | {selector.units[layer]} | {selector.layer_gains[layer]:.3f} |"
+              for layer in selector.layers]
+    return "\n".join(lines) + "\n"
+

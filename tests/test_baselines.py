@@ -1,0 +1,119 @@
+"""Baselines with the steering interface: prompt, CAA; the Likert constraint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_memory import BankSet, FingerprintMismatchError, MemoryBank
+from hf_memory.caa import CAAVectors, apply_caa
+from hf_memory.chat import encode_chats
+from hf_memory.controller import AllowedTokensProcessor
+from hf_memory.demo import DEFAULT_PERSONA
+from hf_memory.methods import CAAMethod, MemoryMethod, PlainMethod, PromptMethod, generate_with
+from tests.test_memory_inception import token_ids
+from tests.test_memory_inception_real import worry_margin
+from tests.tiny_models import tiny_model
+
+PAIRS = [("I am so worried and anxious about everything.",
+          "I am so calm and relaxed about everything."),
+         ("I'm scared that something will go wrong.",
+          "I'm confident that everything will go well."),
+         ("My heart races with fear and nervousness.",
+          "My heart is steady, peaceful and at ease.")]
+
+
+@pytest.fixture(scope="module")
+def anxious_caa(default_model):
+    model, tokenizer = default_model
+    return CAAVectors.extract(model, tokenizer, PAIRS, layers=[10], scale=2.0)
+
+
+def test_caa_moves_the_contrastive_probe(default_model, anxious_caa):
+    model, tokenizer = default_model
+    plain = worry_margin(model, tokenizer)
+    with apply_caa(model, anxious_caa):
+        steered = worry_margin(model, tokenizer)
+    with apply_caa(model, anxious_caa, scale=-2.0):
+        opposite = worry_margin(model, tokenizer)
+    assert steered > plain + 2.0, (plain, steered)
+    assert opposite < plain - 1.0, (plain, opposite)
+    assert worry_margin(model, tokenizer) == plain
+
+
+def test_caa_vector_is_the_mean_residual_difference(default_model):
+    model, tokenizer = default_model
+    vectors = CAAVectors.extract(model, tokenizer, PAIRS[:2], layers=[3], position="last")
+    expected = torch.zeros(model.config.hidden_size, dtype=torch.float64)
+    for positive, negative in PAIRS[:2]:
+        for text, sign in ((positive, 1), (negative, -1)):
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+            with torch.no_grad():
+                hidden = model(ids, output_hidden_states=True).hidden_states[3]
+                block = model.model.layers[3]
+                normed = block.input_layernorm(hidden)
+                positions = torch.arange(ids.shape[1])[None]
+                cos, sin = model.model.rotary_emb(hidden, positions)
+                attn = block.self_attn(normed, position_embeddings=(cos, sin),
+                                       attention_mask=None)[0]
+            expected += sign * (hidden + attn)[0, -1].double()
+    torch.testing.assert_close(vectors.vectors[3].double(), expected / 2, rtol=1e-4, atol=1e-4)
+
+
+def test_caa_starts_after_the_instruction():
+    model = tiny_model("llama")
+    vectors = CAAVectors({1: torch.randn(64, dtype=torch.float64)}, scale=3.0)
+    ids = token_ids(1, 8)
+    plain = model(ids).logits
+    with apply_caa(model, vectors, start_position=5):
+        steered = model(ids).logits
+    torch.testing.assert_close(steered[:, :5], plain[:, :5], rtol=0, atol=0)
+    assert not torch.allclose(steered[:, 5:], plain[:, 5:])
+    assert torch.equal(model(ids).logits, plain)
+
+
+def test_caa_round_trip_and_checks(anxious_caa, default_model, tmp_path):
+    model, _ = default_model
+    anxious_caa.save_pretrained(tmp_path)
+    loaded = CAAVectors.from_pretrained(tmp_path, model=model)
+    assert loaded.layers == [10] and loaded.scale == 2.0
+    assert torch.equal(loaded.vectors[10], anxious_caa.vectors[10])
+    assert loaded.provenance == anxious_caa.provenance
+    with pytest.raises(FingerprintMismatchError):
+        CAAVectors.from_pretrained(tmp_path, model=tiny_model("llama"))
+    with pytest.raises(ValueError, match="finite"):
+        CAAVectors({0: torch.tensor([float("nan")])})
+
+
+def test_methods_share_one_interface(default_model, anxious_caa):
+    model, tokenizer = default_model
+    bank = MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, template="{text}",
+                                layers=range(18, 23), gain=2.0)
+    methods = [PlainMethod(), PromptMethod(DEFAULT_PERSONA),
+               PromptMethod(DEFAULT_PERSONA, placement="prepend"), CAAMethod(anxious_caa),
+               MemoryMethod(BankSet([bank], model=model))]
+    prompt = ["How do you feel about your exam tomorrow?"]
+    answers = [generate_with(m, model, tokenizer, prompt, max_new_tokens=8)[0] for m in methods]
+    plain = answers[0]
+    assert all(answer != plain for answer in answers[1:2] + answers[3:]), answers
+    rendered = tokenizer.apply_chat_template(methods[2].messages(prompt[0]), tokenize=False)
+    assert DEFAULT_PERSONA + "\n\n" + prompt[0] in rendered
+    assert [m.describe()["method"] for m in methods] == [
+        "plain", "prompt", "prompt", "caa", "memory"]
+    assert methods[0].guidance_kv_bytes(model, tokenizer, prompt[0]) == 0
+    extra = methods[2].guidance_kv_bytes(model, tokenizer, prompt[0])
+    added = len(tokenizer(DEFAULT_PERSONA + "\n\n", add_special_tokens=False).input_ids)
+    assert extra == pytest.approx(added * 30 * 2 * 3 * 64 * 4, rel=0.1)
+
+
+def test_likert_constraint_answers_with_a_digit(default_model):
+    model, tokenizer = default_model
+    likert = AllowedTokensProcessor.from_strings(tokenizer, ["1", "2", "3", "4", "5"])
+    question = ("On a scale from 1 (disagree) to 5 (agree): I worry about things. "
+                "Answer with one digit.")
+    batch = encode_chats(tokenizer, [PlainMethod().messages(question)])
+    out = model.generate(**batch, max_new_tokens=1, do_sample=False,
+                         logits_processor=[likert], pad_token_id=tokenizer.pad_token_id)
+    assert tokenizer.decode(out[0, -1:]) in {"1", "2", "3", "4", "5"}
+    with pytest.raises(ValueError, match="single tokens"):
+        AllowedTokensProcessor.from_strings(tokenizer, ["strongly agree"])
