@@ -68,8 +68,9 @@ class CharTokenizer:
         ids = [[1 + ord(c) % 96 for c in text] for text in texts]
         width = max(map(len, ids))
         pad = [[0] * (width - len(row)) for row in ids]
-        rows = [p + r if self.padding_side == "left" else r + p for p, r in zip(pad, ids, strict=True)]
-        masks = [[0] * len(p) + [1] * len(r) if self.padding_side == "left"
+        left = self.padding_side == "left"
+        rows = [p + r if left else r + p for p, r in zip(pad, ids, strict=True)]
+        masks = [[0] * len(p) + [1] * len(r) if left
                  else [1] * len(r) + [0] * len(p) for p, r in zip(pad, ids, strict=True)]
         return BatchEncoding({"input_ids": torch.tensor(rows),
                               "attention_mask": torch.tensor(masks)})
