@@ -1,0 +1,291 @@
+"""Addressed State Attention kernels: float64 references and exact chunk-parallel PyTorch forms.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` positions, ``K`` slots, ``d`` head width, ``M`` slot-space
+width. Masked (padding) positions carry write logits of ``-inf`` and write nothing.
+
+* ``asa_attend`` (the scan + read): per-slot running log-sum-exp scan of the write logits, read
+  weights ``r = softmax((key_logits + gamma * <q, slot(t)>) / read_temperature)``, an optional
+  refinement ``w = refine(r)`` and the contractions ``o = sum_s r slot_s(t)``,
+  ``delta = sum_s w slot_s(t)``. The chunked form never materialises ``[B, H, T, K, d]``: inside a
+  chunk it uses one reference max per slot, ``c = max(m_prev, max over the chunk)``, so it is
+  exact and independent of the chunk size.
+* ``causal_linear_attention``: ``out_t = phi_q_t S_t / (phi_q_t . Z_t)`` with
+  ``S_t = sum_{tau<=t} phi_k_tau v_tau^T`` and ``Z_t = sum_{tau<=t} phi_k_tau``.
+
+``*_ref`` are the O(T^2) float64 references; ``*_chunked`` the implementations the model runs.
+Both chunked forms take and return the recurrent state, so prefill, chunked prefill and one-token
+decoding are the same code. See README.md beside this file for the maths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "ScanState",
+    "asa_attend",
+    "asa_attend_chunked",
+    "asa_attend_ref",
+    "causal_linear_attention",
+    "causal_linear_attention_chunked",
+    "causal_linear_attention_ref",
+    "slot_states_ref",
+]
+
+Refine = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ScanState:
+    """Running write state of one layer: true numerator ``N = num * exp(m)``, denominator
+    ``D = den * exp(m)``.
+
+    Attributes:
+        m: running max of the write logits ``[B, H, K]`` (``-inf`` before any write).
+        den: scaled denominators ``[B, H, K]``.
+        num: scaled numerators ``[B, H, K, d]``.
+    """
+
+    m: torch.Tensor
+    den: torch.Tensor
+    num: torch.Tensor
+
+    @classmethod
+    def empty(cls, b: int, h: int, k: int, d: int, device: torch.device,
+              dtype: torch.dtype) -> ScanState:
+        return cls(
+            m=torch.full((b, h, k), float("-inf"), device=device, dtype=dtype),
+            den=torch.zeros(b, h, k, device=device, dtype=dtype),
+            num=torch.zeros(b, h, k, d, device=device, dtype=dtype),
+        )
+
+
+def _safe_reciprocal(x: torch.Tensor) -> torch.Tensor:
+    """``1 / x`` where ``x > 0``, else 0 (an empty slot reads as zero; gradients stay finite)."""
+    positive = x > 0
+    return torch.where(positive, 1.0 / torch.where(positive, x, torch.ones_like(x)),
+                       torch.zeros_like(x))
+
+
+def slot_states_ref(logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``slot_s(t) = sum_{tau<=t} softmax_tau(l_{s,tau}) v_tau`` in float64, O(T^2).
+
+    ``logits [B, H, T, K]``, ``v [B, H, T, d]`` -> ``[B, H, T, K, d]``; a slot with no write yet
+    is zero.
+    """
+    lg = logits.double()
+    t = lg.shape[2]
+    causal = torch.ones(t, t, dtype=torch.bool, device=lg.device).tril()  # [t, tau]
+    scores = lg.unsqueeze(2).expand(-1, -1, t, -1, -1)  # [B, H, t, tau, K]
+    scores = scores.masked_fill(~causal[None, None, :, :, None], float("-inf"))
+    ref = scores.amax(dim=3, keepdim=True).detach()
+    ref = torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+    weights = torch.exp(scores - ref)
+    weights = weights * _safe_reciprocal(weights.sum(dim=3, keepdim=True))
+    return torch.einsum("bhtuk,bhud->bhtkd", weights, v.double())
+
+
+def asa_attend_ref(
+    logits: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    key_logits: torch.Tensor,
+    gamma: torch.Tensor | float,
+    read_temperature: float = 1.0,
+    refine: Refine | None = None,
+    gate: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Float64 reference of the scan + read.
+
+    Args:
+        logits: write logits ``[B, H, T, K]`` (``-inf`` at masked positions).
+        v: values ``[B, H, T, d]``.
+        q: content-read queries ``[B, H, T, d]`` (already scaled).
+        key_logits: key term of the read logits ``[B, H, T, K]``.
+        gamma: content-read weight, a scalar or ``[H]``.
+        read_temperature: divides the read logits.
+        refine: maps read weights ``[B, H, T, K]`` to signed slot weights ``[B, H, T, K]``.
+        gate: with ``refine``, fuse the two reads into one contraction with ``r + gate * w``.
+
+    Returns:
+        ``(o [B, H, T, d], r [B, H, T, K], delta [B, H, T, d] or None)``; with ``gate``, ``o``
+        is ``o + gate * delta`` and ``delta`` is None.
+    """
+    slots = slot_states_ref(logits, v)
+    gamma = torch.as_tensor(gamma, dtype=torch.float64, device=v.device)
+    gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
+    content = torch.einsum("bhtd,bhtkd->bhtk", q.double(), slots)
+    r = torch.softmax((key_logits.double() + gamma * content) / read_temperature, dim=-1)
+    o = torch.einsum("bhtk,bhtkd->bhtd", r, slots)
+    if refine is None:
+        return o, r, None
+    w = refine(r).double()
+    if gate is not None:
+        gate = torch.as_tensor(gate, dtype=torch.float64, device=v.device)
+        return torch.einsum("bhtk,bhtkd->bhtd", r + gate * w, slots), r, None
+    return o, r, torch.einsum("bhtk,bhtkd->bhtd", w, slots)
+
+
+def asa_attend_chunked(
+    logits: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    key_logits: torch.Tensor,
+    gamma: torch.Tensor | float,
+    read_temperature: float = 1.0,
+    refine: Refine | None = None,
+    chunk_size: int = 64,
+    state: ScanState | None = None,
+    gate: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
+    """Exact chunk-parallel scan + read; same arguments and results as :func:`asa_attend_ref`,
+    computed in ``float32`` or wider, plus the final :class:`ScanState`.
+
+    Per chunk of ``C`` positions and slot ``s``, with the reference ``c_s = max(m_s, max_chunk l)``
+    (detached: the result does not depend on it) and ``E[tau, s] = exp(l[tau, s] - c_s)``:
+    ``D(t) = den e^(m-c) + sum_{tau<=t} E``, and for any weights ``a``
+    ``sum_s a_s slot_s(t) = (a / D)(t) @ num e^(m-c) + sum_{tau<=t} [(a / D)(t) @ E^T][tau] v_tau``.
+    Activations kept for the backward pass are ``O(T (C + K))`` per head plus one ``[K, d]``
+    state per chunk. A chunk whose logits for one slot span more than about 80 (float32
+    exponent range) loses the smallest terms to underflow; the references do not.
+    """
+    b, h, t, k = logits.shape
+    d = v.shape[-1]
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    logits, v, q, key_logits = (x.to(dt) for x in (logits, v, q, key_logits))
+    gamma = torch.as_tensor(gamma, dtype=dt, device=v.device)
+    gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
+    if state is None:
+        state = ScanState.empty(b, h, k, d, v.device, dt)
+    m, den, num = state.m.to(dt), state.den.to(dt), state.num.to(dt)
+    step = max(1, min(chunk_size, t))
+    tril = torch.ones(step, step, dtype=torch.bool, device=v.device).tril()
+    saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    reads: list[torch.Tensor] = []
+    for start in range(0, t, step):
+        end = min(t, start + step)
+        n = end - start
+        mask = tril[:n, :n]
+        lc, vc, qc = logits[:, :, start:end], v[:, :, start:end], q[:, :, start:end]
+        c = torch.maximum(m, lc.amax(dim=2)).detach()
+        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+        carry = torch.exp(m - c)  # [B, H, K]; 0 before the first write
+        e = torch.exp(lc - c.unsqueeze(2))  # [B, H, n, K]
+        inv = _safe_reciprocal((den * carry).unsqueeze(2) + e.cumsum(dim=2))
+        num_prev = num * carry.unsqueeze(-1)  # [B, H, K, d]
+        qv = (qc @ vc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # [B, H, n, n]
+        content = (qc @ num_prev.transpose(-1, -2) + qv @ e) * inv
+        reads.append(torch.softmax((key_logits[:, :, start:end] + gamma * content)
+                                   / read_temperature, dim=-1))
+        saved.append((e, inv, num_prev))
+        m = torch.where(torch.isfinite(lc.amax(dim=2)) | torch.isfinite(m), c, m)
+        den = den * carry + e.sum(dim=2)
+        num = num_prev + e.transpose(-1, -2) @ vc
+    r = torch.cat(reads, dim=2)
+    w = refine(r).to(dt) if refine is not None else None
+
+    def contract(a: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for i, (e, inv, num_prev) in enumerate(saved):
+            start = i * step
+            n = e.shape[2]
+            ac = a[:, :, start:start + n] * inv  # [B, H, n, K]
+            intra = (ac @ e.transpose(-1, -2)).masked_fill(~tril[:n, :n], 0.0)
+            outs.append(ac @ num_prev + intra @ v[:, :, start:start + n])
+        return torch.cat(outs, dim=2)
+
+    final = ScanState(m=m, den=den, num=num)
+    if w is not None and gate is not None:
+        return contract(r + torch.as_tensor(gate, dtype=dt, device=v.device) * w), r, None, final
+    return contract(r), r, contract(w) if w is not None else None, final
+
+
+def asa_attend(
+    logits: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    key_logits: torch.Tensor,
+    gamma: torch.Tensor | float,
+    read_temperature: float = 1.0,
+    refine: Refine | None = None,
+    chunk_size: int = 64,
+    state: ScanState | None = None,
+    backend: str = "auto",
+    gate: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
+    """Dispatcher for the scan + read (see :func:`asa_attend_chunked`).
+
+    ``backend``: ``"torch"`` (chunk-parallel PyTorch) or ``"auto"`` (the same: the PyTorch form
+    is the implementation on every device).
+    """
+    if backend not in ("auto", "torch"):
+        raise ValueError(f"backend must be 'auto' or 'torch', got {backend!r}")
+    return asa_attend_chunked(logits, v, q, key_logits, gamma, read_temperature, refine,
+                              chunk_size, state, gate)
+
+
+def causal_linear_attention_ref(
+    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Float64 O(T^2) causal linear attention: ``phi_q, phi_k, v [B, H, T, M]`` -> ``[B, H, T, M]``.
+
+    A position whose normaliser ``phi_q . Z`` is 0 (nothing written yet) reads zero.
+    """
+    qd, kd, vd = phi_q.double(), phi_k.double(), v.double()
+    t = qd.shape[2]
+    causal = torch.ones(t, t, dtype=torch.bool, device=qd.device).tril()
+    scores = (qd @ kd.transpose(-1, -2)).masked_fill(~causal, 0.0)
+    return (scores @ vd) * _safe_reciprocal(scores.sum(dim=-1, keepdim=True))
+
+
+def causal_linear_attention_chunked(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int = 64,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Chunk-parallel causal linear attention with its recurrent state.
+
+    ``phi_q, phi_k, v [B, H, T, M]``; ``state = (S [B, H, M, M], Z [B, H, M])``. Returns
+    ``(out [B, H, T, M], (S, Z))`` after the last position.
+    """
+    b, h, t, mm = phi_q.shape
+    dt = torch.promote_types(phi_q.dtype, torch.float32)
+    phi_q, phi_k, v = phi_q.to(dt), phi_k.to(dt), v.to(dt)
+    if state is None:
+        s = torch.zeros(b, h, mm, v.shape[-1], device=v.device, dtype=dt)
+        z = torch.zeros(b, h, mm, device=v.device, dtype=dt)
+    else:
+        s, z = state[0].to(dt), state[1].to(dt)
+    step = max(1, min(chunk_size, t))
+    tril = torch.ones(step, step, dtype=torch.bool, device=v.device).tril()
+    outs = []
+    for start in range(0, t, step):
+        end = min(t, start + step)
+        qc, kc, vc = phi_q[:, :, start:end], phi_k[:, :, start:end], v[:, :, start:end]
+        scores = (qc @ kc.transpose(-1, -2)).masked_fill(~tril[:end - start, :end - start], 0.0)
+        numer = qc @ s + scores @ vc
+        denom = (qc * z.unsqueeze(2)).sum(-1, keepdim=True) + scores.sum(-1, keepdim=True)
+        outs.append(numer * _safe_reciprocal(denom))
+        s = s + kc.transpose(-1, -2) @ vc
+        z = z + kc.sum(dim=2)
+    return torch.cat(outs, dim=2), (s, z)
+
+
+def causal_linear_attention(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int = 64,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Dispatcher for :func:`causal_linear_attention_chunked` (same ``backend`` values as
+    :func:`asa_attend`)."""
+    if backend not in ("auto", "torch"):
+        raise ValueError(f"backend must be 'auto' or 'torch', got {backend!r}")
+    return causal_linear_attention_chunked(phi_q, phi_k, v, chunk_size, state)

@@ -1,0 +1,216 @@
+"""ASA kernels: the chunk-parallel PyTorch forms against the O(T^2) float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeling.asm import (
+    ScanState,
+    asa_attend_chunked,
+    asa_attend_ref,
+    causal_linear_attention_chunked,
+    causal_linear_attention_ref,
+    slot_states_ref,
+)
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+SHAPES = [(1, 1, 1, 1, 1), (2, 63, 4, 16, 8), (1, 17, 3, 7, 5), (2, 40, 2, 4, 6), (3, 9, 1, 2, 3)]
+
+
+def shape_id(shape: tuple[int, ...]) -> str:
+    b, t, h, k, d = shape
+    return f"B{b}-T{t}-H{h}-K{k}-d{d}"
+
+
+def make_inputs(b: int, t: int, h: int, k: int, d: int, pad: bool = True, logit_scale: float = 2.0):
+    """Random scan inputs; row 0 left-padded, row 1 right-padded (when present)."""
+    logits = torch.randn(b, h, t, k) * logit_scale
+    if pad and t > 2:
+        logits[0, :, : t // 3] = float("-inf")
+        if b > 1:
+            logits[1, :, t - t // 4:] = float("-inf")
+    return dict(
+        logits=logits,
+        v=torch.randn(b, h, t, d),
+        q=torch.randn(b, h, t, d) / d ** 0.5,
+        key_logits=torch.randn(b, h, t, k),
+        gamma=torch.rand(h) * 3,
+    )
+
+
+def run(fn, inputs: dict, weight: torch.Tensor, dtype: torch.dtype, fused: bool, **kwargs):
+    """Run ``fn`` on leaf copies of ``inputs``; return outputs and the gradients of a fixed
+    random projection of every output with respect to every input."""
+    leaves = {name: x.detach().to(dtype).requires_grad_() for name, x in inputs.items()}
+    w = weight.detach().to(dtype).requires_grad_()
+    gate = torch.tensor(0.7, dtype=dtype, requires_grad=True)
+    refine = lambda r: torch.tanh(r.to(dtype) @ w)  # noqa: E731
+    result = fn(**leaves, read_temperature=0.8, refine=refine, gate=gate if fused else None,
+                **kwargs)
+    o, r, delta = result[:3]
+    outs = [o, r] + ([] if fused else [delta])
+    gen = torch.Generator().manual_seed(1)
+    loss = sum((x.double() * torch.randn(x.shape, generator=gen, dtype=torch.float64)).sum()
+               for x in outs)
+    params = list(leaves.values()) + [w] + ([gate] if fused else [])
+    grads = torch.autograd.grad(loss, params)
+    return [x.detach().double() for x in outs], [g.double() for g in grads]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+@pytest.mark.parametrize("chunk", [1, 8, 64], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_chunked_matches_reference_outputs_and_every_gradient(shape, chunk, fused):
+    b, t, h, k, d = shape
+    inputs = make_inputs(*shape)
+    weight = torch.randn(k, k)
+    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, fused)
+    out, grad = run(asa_attend_chunked, inputs, weight, torch.float32, fused, chunk_size=chunk)
+    for a, e in zip(out, ref_out, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, **TOL)
+    for a, e in zip(grad, ref_grad, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, **TOL)
+
+
+@pytest.mark.parametrize("shape", [(2, 29, 2, 5, 4), (1, 50, 3, 16, 8)], ids=shape_id)
+def test_chunk_size_invariance(shape):
+    inputs = make_inputs(*shape)
+    weight = torch.randn(shape[3], shape[3])
+    results = [run(asa_attend_chunked, inputs, weight, torch.float32, False, chunk_size=c)
+               for c in (1, 3, 8, 16, shape[1])]
+    first_out, first_grad = results[0]
+    for out, grad in results[1:]:
+        for a, e in zip(out + grad, first_out + first_grad, strict=True):
+            torch.testing.assert_close(a, e, **TOL)
+
+
+def test_long_range_of_logits_across_chunks_stays_exact():
+    """Logits rising by 0.5 per position span 100 over T = 200 (beyond float32's exp range);
+    the per-chunk reference max keeps every chunk in range."""
+    b, t, h, k, d = 1, 200, 2, 4, 4
+    inputs = make_inputs(b, t, h, k, d, pad=False, logit_scale=1.0)
+    inputs["logits"] = inputs["logits"] + 0.5 * torch.arange(t, dtype=torch.float32)[:, None]
+    weight = torch.randn(k, k)
+    ref_out, _ = run(asa_attend_ref, inputs, weight, torch.float64, False)
+    out, _ = run(asa_attend_chunked, inputs, weight, torch.float32, False, chunk_size=16)
+    for a, e in zip(out, ref_out, strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_gradcheck_reference_float64():
+    gen = torch.Generator().manual_seed(3)
+    b, t, h, k, d = 1, 5, 2, 3, 2
+    logits = torch.randn(b, h, t, k, generator=gen, dtype=torch.float64)
+    logits[:, :, 0] = float("-inf")
+    args = [logits, torch.randn(b, h, t, d, generator=gen, dtype=torch.float64),
+            torch.randn(b, h, t, d, generator=gen, dtype=torch.float64),
+            torch.randn(b, h, t, k, generator=gen, dtype=torch.float64),
+            torch.rand(h, generator=gen, dtype=torch.float64) + 0.5,
+            torch.randn(k, k, generator=gen, dtype=torch.float64)]
+    args = [a.requires_grad_() for a in args]
+
+    def fn(lg, v, q, kl, gamma, w):
+        o, r, delta = asa_attend_ref(lg, v, q, kl, gamma, 0.9, lambda x: torch.tanh(x @ w))
+        return o, r, delta
+
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-6)
+    lin = [torch.rand(1, 2, 6, 3, generator=gen, dtype=torch.float64).requires_grad_()
+           for _ in range(3)]
+    assert torch.autograd.gradcheck(causal_linear_attention_ref, lin, eps=1e-6, atol=1e-6)
+
+
+def test_reference_slot_states_are_the_papers_formula():
+    """``slot_s(t) = sum_{tau<=t} exp(l) v / sum_{tau<=t} exp(l)`` written out as a loop."""
+    logits, v = torch.randn(1, 1, 6, 2, dtype=torch.float64), torch.randn(1, 1, 6, 3,
+                                                                          dtype=torch.float64)
+    slots = slot_states_ref(logits, v)
+    for t in range(6):
+        for s in range(2):
+            e = logits[0, 0, : t + 1, s].exp()
+            expected = (e[:, None] * v[0, 0, : t + 1]).sum(0) / e.sum()
+            torch.testing.assert_close(slots[0, 0, t, s], expected)
+
+
+@pytest.mark.parametrize("chunk", [4, 64], ids=lambda c: f"C{c}")
+def test_causality(chunk):
+    """Changing positions >= 13 leaves earlier outputs unchanged: bit-exact in earlier chunks,
+    up to rounding inside the chunk holding position 13 (its reference max may move)."""
+    b, t, h, k, d = 2, 21, 2, 5, 4
+    inputs = make_inputs(b, t, h, k, d, pad=False)
+    weight = torch.randn(k, k)
+    out, _ = run(asa_attend_chunked, inputs, weight, torch.float32, False, chunk_size=chunk)
+    changed = {name: x.clone() for name, x in inputs.items()}
+    for name in ("logits", "v", "q", "key_logits"):
+        changed[name][:, :, 13:] = torch.randn_like(changed[name][:, :, 13:])
+    out2, _ = run(asa_attend_chunked, changed, weight, torch.float32, False, chunk_size=chunk)
+    first = 13 // chunk * chunk
+    for a, e in zip(out2, out, strict=True):
+        assert torch.equal(a[:, :, :first], e[:, :, :first])
+        torch.testing.assert_close(a[:, :, first:13], e[:, :, first:13], **TOL)
+        assert not torch.allclose(a[:, :, 13:], e[:, :, 13:])
+
+
+@pytest.mark.parametrize("split", [1, 7, 20], ids=lambda s: f"split{s}")
+def test_state_continuation_equals_one_pass(split):
+    """Prefill ``[0, split)`` then continue from the returned state (decoding is the same code)."""
+    b, t, h, k, d = 2, 21, 2, 5, 4
+    x = make_inputs(b, t, h, k, d)
+    full = asa_attend_chunked(**x, chunk_size=8)
+    head = asa_attend_chunked(**{n: (v[:, :, :split] if v.dim() == 4 else v)
+                                 for n, v in x.items()}, chunk_size=8)
+    state = head[3]
+    pieces = [head[0]]
+    for i in range(split, t):
+        step = asa_attend_chunked(**{n: (v[:, :, i:i + 1] if v.dim() == 4 else v)
+                                     for n, v in x.items()}, chunk_size=8, state=state)
+        pieces.append(step[0])
+        state = step[3]
+    torch.testing.assert_close(torch.cat(pieces, dim=2), full[0], **TOL)
+    for a, e in zip((state.m, state.den, state.num), (full[3].m, full[3].den, full[3].num),
+                    strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_fully_padded_rows_are_finite_with_finite_gradients():
+    inputs = make_inputs(2, 12, 2, 3, 4, pad=False)
+    inputs["logits"][0] = float("-inf")
+    weight = torch.randn(3, 3)
+    out, grad = run(asa_attend_chunked, inputs, weight, torch.float32, True, chunk_size=5)
+    assert all(torch.isfinite(x).all() for x in out + grad)
+    assert torch.equal(out[0][0], torch.zeros_like(out[0][0]))
+    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, True)
+    for a, e in zip(out + grad, ref_out + ref_grad, strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_empty_state_matches_no_state():
+    x = make_inputs(1, 5, 1, 2, 3)
+    empty = ScanState.empty(1, 1, 2, 3, torch.device("cpu"), torch.float32)
+    assert torch.equal(asa_attend_chunked(**x, state=empty)[0], asa_attend_chunked(**x)[0])
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("b, t, h, m", [(1, 1, 1, 2), (2, 33, 3, 6), (1, 20, 2, 32)],
+                         ids=lambda x: str(x))
+def test_causal_linear_attention_chunked_matches_reference(b, t, h, m, chunk):
+    phi_q = torch.rand(b, h, t, m) + 0.1
+    phi_k = torch.rand(b, h, t, m) + 0.1
+    if t > 2:
+        phi_k[0, :, : t // 3] = 0.0  # left padding writes nothing
+    v = torch.randn(b, h, t, m)
+    leaves64 = [x.double().requires_grad_() for x in (phi_q, phi_k, v)]
+    leaves32 = [x.clone().requires_grad_() for x in (phi_q, phi_k, v)]
+    ref = causal_linear_attention_ref(*leaves64)
+    out, (s, z) = causal_linear_attention_chunked(*leaves32, chunk_size=chunk)
+    torch.testing.assert_close(out.double(), ref, **TOL)
+    torch.testing.assert_close(s.double(), (phi_k.double().transpose(-1, -2) @ v.double()),
+                               **TOL)
+    torch.testing.assert_close(z.double(), phi_k.double().sum(2), **TOL)
+    proj = torch.randn(out.shape, dtype=torch.float64)
+    g_ref = torch.autograd.grad((ref * proj).sum(), leaves64)
+    g = torch.autograd.grad((out.double() * proj).sum(), leaves32)
+    for a, e in zip(g, g_ref, strict=True):
+        torch.testing.assert_close(a.double(), e, **TOL)
