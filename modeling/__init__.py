@@ -6,11 +6,15 @@ Families (see DESIGN.md): ``asm`` (ASMForCausalLM), ``air`` (AIRSolver), ``arith
 
 from __future__ import annotations
 
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .arith import ArithConfig, ArithTransformer
+from .asm import ASMConfig, ASMForCausalLM, ASMModel
 
 AutoConfig.register(ArithConfig.model_type, ArithConfig, exist_ok=True)
 AutoModel.register(ArithConfig, ArithTransformer, exist_ok=True)
+AutoConfig.register(ASMConfig.model_type, ASMConfig, exist_ok=True)
+AutoModel.register(ASMConfig, ASMModel, exist_ok=True)
+AutoModelForCausalLM.register(ASMConfig, ASMForCausalLM, exist_ok=True)
 
-__all__: list[str] = ["ArithConfig", "ArithTransformer"]
+__all__: list[str] = ["ASMConfig", "ASMForCausalLM", "ASMModel", "ArithConfig", "ArithTransformer"]

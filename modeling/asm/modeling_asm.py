@@ -1,0 +1,635 @@
+"""ASMForCausalLM: a language model of stacked Addressed State Attention (ASA) blocks.
+
+Each ASA head keeps ``K`` slots with learned keys. Tokens write into every slot with a
+per-slot running softmax over time (a log-sum-exp scan); the read is a softmax over slots of a key
+term plus ``gamma`` times a content term; the first-order read ``o_t`` is refined by a causal
+linear attention over the read-weight vectors (through a slot space of width ``M``), giving
+signed slot weights ``w_t`` and ``Delta_t = sum_s w_{t,s} slot_s(t)``; the head outputs
+``o_t + g Delta_t``. Decoding keeps per layer and head only the slot numerators, denominators,
+running maxima and the slot-space state (:class:`ASMCache`): constant memory and time per token.
+See README.md beside this file for the maths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.utils import ModelOutput
+
+from .asm_kernels import ScanState, asa_attend, causal_linear_attention
+from .configuration_asm import ASMConfig
+
+__all__ = [
+    "INTERVENTION_MODES",
+    "ASAAttention",
+    "ASMCache",
+    "ASMCausalLMOutput",
+    "ASMForCausalLM",
+    "ASMModel",
+    "ASMModelOutput",
+    "ASMPreTrainedModel",
+    "RefinementStats",
+    "alibi_slopes",
+]
+
+# mode -> (coefficient of the parallel part, coefficient of the orthogonal part); "beta" is the
+# user's scale.
+INTERVENTION_MODES = ("default", "parallel_only", "orthogonal_only", "orthogonal_scaled",
+                      "parallel_scaled", "none")
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi head slopes (Press et al.): a geometric sequence, interleaved for non-powers of 2."""
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary map (half-split layout, a true rotation): ``x [B, H, T, d]``, ``positions [B, T]``."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[:, None, :, None] * inv_freq  # [B, 1, T, d/2]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+@dataclass
+class RefinementStats:
+    """Geometry and routing statistics of one ASA layer (paper sections 4-5), for one call.
+
+    Per-position tensors cover every position; index them with ``mask`` (``[B, T]``, True where
+    the token is real) to drop padding.
+
+    Attributes:
+        alpha: ``<g Delta, o> / ||o||^2`` ``[B, H, T]`` (0 where ``o = 0``).
+        orthogonal_fraction: ``||(g Delta)_perp|| / ||g Delta||`` ``[B, H, T]``.
+        relative_magnitude: ``||g Delta|| / ||o||`` ``[B, H, T]``.
+        slot_write_half_life: ``[B, H, K]``, the number of most recent real tokens that hold half
+            of each slot's write mass at the last position of the call.
+        slot_ess: effective number of slots read, ``1 / sum_s r_{t,s}^2`` ``[B, H, T]``.
+        routing_inertia: ``[B, H]``, mean over consecutive real positions of the read-weight
+            overlap ``sum_s min(r_{t,s}, r_{t-1,s})`` (1: routing unchanged).
+        gate: the refinement gate ``g`` (scalar tensor).
+        mask: ``[B, T]`` real-token mask.
+    """
+
+    alpha: torch.Tensor
+    orthogonal_fraction: torch.Tensor
+    relative_magnitude: torch.Tensor
+    slot_write_half_life: torch.Tensor
+    slot_ess: torch.Tensor
+    routing_inertia: torch.Tensor
+    gate: torch.Tensor
+    mask: torch.Tensor
+
+
+class ASMCacheLayer:
+    """Decode state of one layer: the write scan (``m [B,H,K]``, ``den [B,H,K]``,
+    ``num [B,H,K,d]``) and the slot-space state (``S [B,H,M,M]``, ``Z [B,H,M]``)."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self) -> None:
+        self.scan: ScanState | None = None
+        self.slot_space: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _apply(self, fn) -> None:
+        if self.scan is not None:
+            self.scan = ScanState(fn(self.scan.m), fn(self.scan.den), fn(self.scan.num))
+        if self.slot_space is not None:
+            self.slot_space = (fn(self.slot_space[0]), fn(self.slot_space[1]))
+
+    def reset(self) -> None:
+        self.scan = None
+        self.slot_space = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._apply(lambda x: x.index_select(0, beam_idx.to(x.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._apply(lambda x: x.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._apply(lambda x: x[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("an ASM cache is a running state and cannot be cropped")
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class ASMCache(Cache):
+    """Constant-size decode state for :class:`ASMForCausalLM` (one :class:`ASMCacheLayer` per
+    layer, plus the number of positions seen and, per row, the next position id)."""
+
+    def __init__(self, config: ASMConfig) -> None:
+        super().__init__(layers=[ASMCacheLayer() for _ in range(config.num_hidden_layers)])
+        self.seen_tokens = 0
+        self.next_position: torch.Tensor | None = None
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen_tokens
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    def reset(self) -> None:
+        super().reset()
+        self.seen_tokens = 0
+        self.next_position = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        if self.next_position is not None:
+            self.next_position = self.next_position.index_select(0, beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.next_position is not None:
+            self.next_position = self.next_position.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.next_position is not None:
+            self.next_position = self.next_position[indices]
+
+    def state_bytes(self) -> int:
+        """Bytes held by the decode state (independent of the sequence length)."""
+        total = 0
+        for layer in self.layers:
+            tensors = []
+            if layer.scan is not None:
+                tensors += [layer.scan.m, layer.scan.den, layer.scan.num]
+            if layer.slot_space is not None:
+                tensors += list(layer.slot_space)
+            total += sum(x.numel() * x.element_size() for x in tensors)
+        return total
+
+
+class ASAAttention(nn.Module):
+    """One Addressed State Attention layer: ``hidden [B, T, D]`` -> ``[B, T, D]``."""
+
+    def __init__(self, config: ASMConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = h = config.num_attention_heads
+        self.head_dim = d = config.head_dim
+        self.num_slots = k = config.num_slots
+        inner = h * d
+        self.q_proj = nn.Linear(config.hidden_size, inner, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, inner, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, inner, bias=False)
+        self.o_proj = nn.Linear(inner, config.hidden_size, bias=False)
+        self.slot_keys = nn.Parameter(torch.empty(h, k, d))
+        self.recency_strength_raw = nn.Parameter(
+            torch.empty(()), requires_grad=config.learn_recency_strength)
+        if config.use_content_read:
+            self.content_gamma_raw = nn.Parameter(torch.empty(()))
+        if config.use_slot_space_refinement:
+            mm = config.slot_space_dim
+            self.slot_in = nn.Linear(k, mm, bias=False)
+            self.slot_q = nn.Linear(mm, mm, bias=False)
+            self.slot_k = nn.Linear(mm, mm, bias=False)
+            self.slot_v = nn.Linear(mm, mm, bias=False)
+            self.slot_out = nn.Linear(mm, k, bias=False)
+            self.refinement_gate_raw = nn.Parameter(torch.empty(()))
+        self.slot_space_dropout = nn.Dropout(config.dropout)
+        self.intervention: tuple[list[float], list[float]] = ([1.0] * h, [1.0] * h)
+
+    def reset_parameters(self) -> None:
+        """Initial values of the ASA-specific parameters (the projections are nn.Linear's)."""
+        c = self.config
+        with torch.no_grad():
+            self.slot_keys.normal_(0.0, self.head_dim ** -0.5)
+            self.recency_strength_raw.fill_(math.log(math.expm1(c.recency_strength_init)))
+            if c.use_content_read:
+                self.content_gamma_raw.fill_(c.content_read_init)
+            if c.use_slot_space_refinement:
+                self.refinement_gate_raw.fill_(c.refinement_gate_init)
+
+    @property
+    def gate(self) -> torch.Tensor:
+        """Refinement gate ``g = softplus(raw)`` (scalar)."""
+        return F.softplus(self.refinement_gate_raw)
+
+    @property
+    def gamma(self) -> torch.Tensor:
+        """Content-read weight ``gamma = max_gamma * sigmoid(raw)`` in ``(0, max_gamma)``."""
+        return self.config.content_read_max_gamma * torch.sigmoid(self.content_gamma_raw)
+
+    def set_intervention(self, parallel: Sequence[float], orthogonal: Sequence[float]) -> None:
+        """Per-head coefficients of the parallel and orthogonal parts of ``g Delta``."""
+        self.intervention = (list(map(float, parallel)), list(map(float, orthogonal)))
+
+    def _refine(
+        self, valid: torch.Tensor, layer_cache: ASMCacheLayer | None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The slot-space refinement as a closure ``r [B, H, T, K] -> w [B, H, T, K]``."""
+        c = self.config
+
+        def refine(r: torch.Tensor) -> torch.Tensor:
+            u = self.slot_in(r.to(self.slot_in.weight.dtype))  # [B, H, T, M]
+            phi_q = F.elu(self.slot_q(u)) + 1.0
+            phi_k = (F.elu(self.slot_k(u)) + 1.0) * valid[:, None, :, None]
+            state = layer_cache.slot_space if layer_cache is not None else None
+            u2, new_state = causal_linear_attention(
+                phi_q, phi_k, self.slot_v(u), c.chunk_size, state, c.scan_backend)
+            if layer_cache is not None:
+                layer_cache.slot_space = new_state
+            u2 = self.slot_space_dropout(u2.to(u.dtype))
+            return torch.tanh(self.slot_out(u2))
+
+        return refine
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        layer_cache: ASMCacheLayer | None = None,
+        output_stats: bool = False,
+    ) -> tuple[torch.Tensor, RefinementStats | None]:
+        """``hidden [B, T, D]``, ``positions [B, T]`` (position ids), ``valid [B, T]`` (bool)."""
+        c = self.config
+        b, t, _ = hidden.shape
+        h, d, k = self.num_heads, self.head_dim, self.num_slots
+        q = self.q_proj(hidden).view(b, t, h, d).transpose(1, 2)
+        key = self.k_proj(hidden).view(b, t, h, d).transpose(1, 2)
+        v = self.v_proj(hidden).view(b, t, h, d).transpose(1, 2)
+        if c.write_key_position == "rotary":
+            key = _rotate(key, positions, c.rope_theta)
+        scale = d ** -0.5
+        stat_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        logits = torch.einsum("bhtd,hkd->bhtk", key, self.slot_keys).to(stat_dtype)
+        logits = logits * (scale / c.write_temperature)
+        if c.use_recency_bias:
+            slopes = torch.tensor(alibi_slopes(h), device=hidden.device, dtype=stat_dtype)
+            strength = F.softplus(self.recency_strength_raw).to(stat_dtype)
+            logits = logits + (strength * slopes)[None, :, None, None] * positions.to(
+                stat_dtype)[:, None, :, None]
+        logits = logits.masked_fill(~valid[:, None, :, None], float("-inf"))
+        key_logits = torch.einsum("bhtd,hkd->bhtk", q, self.slot_keys) * scale
+        if self.training and c.slot_dropout > 0:
+            drop = torch.rand(b, h, 1, k, device=hidden.device) < c.slot_dropout
+            drop = drop & ~drop.all(dim=-1, keepdim=True)
+            key_logits = key_logits.masked_fill(drop, float("-inf"))
+        gamma = self.gamma if c.use_content_read else 0.0
+        refine = None
+        if c.use_slot_space_refinement:
+            refine = self._refine(valid, layer_cache)
+        par, orth = self.intervention
+        fused = refine is not None and not output_stats and all(
+            x == 1.0 for x in par + orth)
+        gate = self.gate if refine is not None else None
+        state = layer_cache.scan if layer_cache is not None else None
+        o, r, delta, new_state = asa_attend(
+            logits, v, q * scale, key_logits, gamma, c.read_temperature, refine, c.chunk_size,
+            state, c.scan_backend, gate=gate if fused else None)
+        if layer_cache is not None:
+            layer_cache.scan = new_state
+        stats = None
+        if delta is not None:
+            gd = gate.to(delta.dtype) * delta
+            o_sq = (o * o).sum(-1, keepdim=True)
+            alpha = (gd * o).sum(-1, keepdim=True) * torch.where(
+                o_sq > 0, 1.0 / torch.where(o_sq > 0, o_sq, torch.ones_like(o_sq)), 0.0)
+            parallel = alpha * o
+            orthogonal = gd - parallel
+            cp = torch.tensor(par, device=o.device, dtype=o.dtype)[None, :, None, None]
+            co = torch.tensor(orth, device=o.device, dtype=o.dtype)[None, :, None, None]
+            out = o + cp * parallel + co * orthogonal
+            if output_stats:
+                stats = self._stats(alpha, orthogonal, gd, o, r, logits, valid)
+        else:
+            out = o
+        out = out.to(hidden.dtype).transpose(1, 2).reshape(b, t, h * d)
+        return self.o_proj(out), stats
+
+    def _stats(self, alpha: torch.Tensor, orthogonal: torch.Tensor, gd: torch.Tensor,
+               o: torch.Tensor, r: torch.Tensor, logits: torch.Tensor,
+               valid: torch.Tensor) -> RefinementStats:
+        with torch.no_grad():
+            gd_norm = gd.norm(dim=-1)
+            o_norm = o.norm(dim=-1)
+            orth_frac = orthogonal.norm(dim=-1) / gd_norm.clamp_min(torch.finfo(gd.dtype).tiny)
+            rel = gd_norm / o_norm.clamp_min(torch.finfo(o.dtype).tiny)
+            # Write mass of each real token in each slot at the last position, newest first.
+            weights = torch.softmax(logits.flip(2).masked_fill(
+                ~valid.flip(1)[:, None, :, None], float("-inf")), dim=2).nan_to_num(0.0)
+            reached = weights.cumsum(dim=2) >= 0.5
+            newest_first_valid = valid.flip(1)[:, None, :, None]
+            count_before = (newest_first_valid.cumsum(dim=2) * reached).masked_fill(
+                ~reached, torch.iinfo(torch.long).max)
+            half_life = count_before.amin(dim=2)
+            half_life = torch.where(reached.any(dim=2), half_life, torch.zeros_like(half_life))
+            ess = 1.0 / (r * r).sum(-1)
+            overlap = torch.minimum(r[:, :, 1:], r[:, :, :-1]).sum(-1)  # [B, H, T-1]
+            pair = (valid[:, 1:] & valid[:, :-1])[:, None, :].to(r.dtype)
+            inertia = (overlap * pair).sum(-1) / pair.sum(-1).clamp_min(1.0)
+            return RefinementStats(
+                alpha=alpha.squeeze(-1), orthogonal_fraction=orth_frac, relative_magnitude=rel,
+                slot_write_half_life=half_life, slot_ess=ess, routing_inertia=inertia,
+                gate=self.gate.detach(), mask=valid)
+
+
+class ASMMLP(nn.Module):
+    """``down(gelu(up(x)))``."""
+
+    def __init__(self, config: ASMConfig) -> None:
+        super().__init__()
+        width = int(config.hidden_size * config.mlp_ratio)
+        self.up_proj = nn.Linear(config.hidden_size, width)
+        self.down_proj = nn.Linear(width, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.up_proj(hidden)))
+
+
+class ASMBlock(nn.Module):
+    """Pre-LayerNorm residual block: ``x + ASA(LN(x))``, then ``x + MLP(LN(x))``."""
+
+    def __init__(self, config: ASMConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn = ASAAttention(config, layer_idx)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size,
+                                                     eps=config.layer_norm_eps)
+        self.mlp = ASMMLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                layer_cache: ASMCacheLayer | None, output_stats: bool
+                ) -> tuple[torch.Tensor, RefinementStats | None]:
+        attn, stats = self.self_attn(self.input_layernorm(hidden), positions, valid, layer_cache,
+                                     output_stats)
+        hidden = hidden + self.dropout(attn)
+        hidden = hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
+        return hidden, stats
+
+
+@dataclass
+class ASMModelOutput(ModelOutput):
+    """Outputs of :class:`ASMModel`.
+
+    Attributes:
+        last_hidden_state: ``[B, T, D]`` after the final LayerNorm.
+        past_key_values: the :class:`ASMCache` (when ``use_cache``).
+        hidden_states: residual stream after the embeddings and after every block.
+        refinement_stats: one :class:`RefinementStats` per layer (when asked).
+    """
+
+    last_hidden_state: torch.Tensor | None = None
+    past_key_values: ASMCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    refinement_stats: tuple[RefinementStats, ...] | None = None
+
+
+@dataclass
+class ASMCausalLMOutput(ModelOutput):
+    """Outputs of :class:`ASMForCausalLM`: ``loss`` (next-token cross-entropy), ``logits``
+    ``[B, T, V]`` and the fields of :class:`ASMModelOutput`."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    past_key_values: ASMCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    refinement_stats: tuple[RefinementStats, ...] | None = None
+
+
+class ASMPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and the refinement-intervention API shared by the ASM models."""
+
+    config_class = ASMConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["ASMBlock"]
+    supports_gradient_checkpointing = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, ASAAttention):
+            module.reset_parameters()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    def _attention_layers(self) -> list[ASAAttention]:
+        return [m for m in self.modules() if isinstance(m, ASAAttention)]
+
+    def set_refinement_intervention(
+        self,
+        mode: str = "default",
+        beta: float = 1.0,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+    ) -> None:
+        """Rescale the parts of the refinement ``g Delta`` parallel / orthogonal to ``o``.
+
+        Modes (coefficients of the parallel and orthogonal parts): ``default`` (1, 1),
+        ``parallel_only`` (1, 0), ``orthogonal_only`` (0, 1), ``orthogonal_scaled`` (1, beta),
+        ``parallel_scaled`` (beta, 1), ``none`` (0, 0). Applied to the given layers and heads
+        (default: all); others keep their setting. Weights are untouched.
+        """
+        coefficients = {"default": (1.0, 1.0), "parallel_only": (1.0, 0.0),
+                        "orthogonal_only": (0.0, 1.0), "orthogonal_scaled": (1.0, beta),
+                        "parallel_scaled": (beta, 1.0), "none": (0.0, 0.0)}
+        if mode not in coefficients:
+            raise ValueError(f"mode must be one of {INTERVENTION_MODES}, got {mode!r}")
+        attention = self._attention_layers()
+        n_layers, n_heads = len(attention), self.config.num_attention_heads
+        layers = list(range(n_layers)) if layers is None else list(layers)
+        heads = list(range(n_heads)) if heads is None else list(heads)
+        if any(not 0 <= i < n_layers for i in layers):
+            raise ValueError(f"layers must be in [0, {n_layers}), got {layers}")
+        if any(not 0 <= i < n_heads for i in heads):
+            raise ValueError(f"heads must be in [0, {n_heads}), got {heads}")
+        cp, co = coefficients[mode]
+        for i in layers:
+            par, orth = (list(x) for x in attention[i].intervention)
+            for j in heads:
+                par[j], orth[j] = cp, co
+            attention[i].set_intervention(par, orth)
+
+    @contextmanager
+    def refinement_intervention(self, mode: str = "default", beta: float = 1.0,
+                                layers: Sequence[int] | None = None,
+                                heads: Sequence[int] | None = None) -> Iterator[None]:
+        """Context manager around :meth:`set_refinement_intervention`; restores the previous
+        setting on exit, also on exceptions."""
+        saved = [layer.intervention for layer in self._attention_layers()]
+        try:
+            self.set_refinement_intervention(mode, beta, layers, heads)
+            yield
+        finally:
+            for layer, setting in zip(self._attention_layers(), saved, strict=True):
+                layer.set_intervention(*setting)
+
+
+class ASMModel(ASMPreTrainedModel):
+    """Embeddings, ``num_hidden_layers`` ASA blocks, final LayerNorm: ``input_ids [B, T]`` ->
+    ``last_hidden_state [B, T, D]``. Positions come from ``attention_mask`` (real tokens count
+    from 0 in each row), so left padding leaves the real tokens' outputs unchanged."""
+
+    def __init__(self, config: ASMConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(ASMBlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: ASMCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool = False,
+        output_refinement_stats: bool = False,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ASMModelOutput | tuple:
+        """``attention_mask [B, T_past + T]`` or ``[B, T]`` (1 = real token); ``position_ids``
+        are derived from it and ignored if given."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        b, t = hidden.shape[:2]
+        if use_cache is None:
+            use_cache = self.config.use_cache
+        if past_key_values is not None and not isinstance(past_key_values, ASMCache):
+            raise ValueError(f"past_key_values must be an ASMCache, got "
+                             f"{type(past_key_values).__name__}")
+        if use_cache and past_key_values is None:
+            past_key_values = ASMCache(self.config)
+        if attention_mask is None:
+            valid = torch.ones(b, t, dtype=torch.bool, device=hidden.device)
+        else:
+            valid = attention_mask[:, -t:].to(device=hidden.device, dtype=torch.bool)
+        start = torch.zeros(b, dtype=torch.long, device=hidden.device)
+        if past_key_values is not None and past_key_values.next_position is not None:
+            start = past_key_values.next_position
+        positions = (start[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        hidden = self.dropout(hidden)
+        states: list[torch.Tensor] = [hidden]
+        stats: list[RefinementStats] = []
+        for i, layer in enumerate(self.layers):
+            layer_cache = past_key_values.layers[i] if past_key_values is not None else None
+            hidden, layer_stats = layer(hidden, positions, valid, layer_cache,
+                                        output_refinement_stats)
+            states.append(hidden)
+            if layer_stats is not None:
+                stats.append(layer_stats)
+        hidden = self.norm(hidden)
+        if past_key_values is not None:
+            past_key_values.seen_tokens += t
+            past_key_values.next_position = start + valid.long().sum(dim=1)
+        output = ASMModelOutput(
+            last_hidden_state=hidden,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(states) if output_hidden_states else None,
+            refinement_stats=tuple(stats) if output_refinement_stats else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class ASMForCausalLM(ASMPreTrainedModel, GenerationMixin):
+    """ASM language model: :class:`ASMModel` and a (tied by default) output projection."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: ASMConfig) -> None:
+        super().__init__(config)
+        self.model = ASMModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: ASMCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool = False,
+        output_refinement_stats: bool = False,
+        logits_to_keep: int = 0,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> ASMCausalLMOutput | tuple:
+        """``labels [B, T]`` (``-100`` ignored) give the shifted next-token loss; with
+        ``logits_to_keep = k > 0`` only the last ``k`` positions are projected."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, output_hidden_states=output_hidden_states,
+                         output_refinement_stats=output_refinement_stats)
+        hidden = out.last_hidden_state
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        loss = None
+        if labels is not None:
+            shift_logits = logits[:, :-1].float()
+            shift_labels = labels[:, 1:].to(logits.device)
+            loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
+                                   shift_labels.reshape(-1), ignore_index=-100)
+        output = ASMCausalLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                   hidden_states=out.hidden_states,
+                                   refinement_stats=out.refinement_stats)
+        return output if return_dict is not False else output.to_tuple()
+
+
+ASMConfig.register_for_auto_class()
+ASMModel.register_for_auto_class("AutoModel")
+ASMForCausalLM.register_for_auto_class("AutoModelForCausalLM")
