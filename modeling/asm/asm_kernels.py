@@ -12,13 +12,17 @@ width. Masked (padding) positions carry write logits of ``-inf`` and write nothi
 * ``causal_linear_attention``: ``out_t = phi_q_t S_t / (phi_q_t . Z_t)`` with
   ``S_t = sum_{tau<=t} phi_k_tau v_tau^T`` and ``Z_t = sum_{tau<=t} phi_k_tau``.
 
-``*_ref`` are the O(T^2) float64 references; ``*_chunked`` the implementations the model runs.
-Both chunked forms take and return the recurrent state, so prefill, chunked prefill and one-token
-decoding are the same code. See README.md beside this file for the maths.
+``*_ref`` are the O(T^2) float64 references; ``*_chunked`` the PyTorch implementations (the
+default on CPU). Both chunked forms take and return the recurrent state, so prefill, chunked
+prefill and one-token decoding are the same code. ``slot_scan_fwd_kernel`` /
+``slot_scan_bwd_kernel`` are the Triton kernels of the scan + read (``slot_read_triton``,
+``slot_scores_triton``, ``asa_attend_triton``); ``asa_attend`` dispatches. See README.md beside
+this file for the maths.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,9 +33,14 @@ __all__ = [
     "asa_attend",
     "asa_attend_chunked",
     "asa_attend_ref",
+    "asa_attend_triton",
     "causal_linear_attention",
     "causal_linear_attention_chunked",
     "causal_linear_attention_ref",
+    "slot_read_ref",
+    "slot_read_triton",
+    "slot_scores_ref",
+    "slot_scores_triton",
     "slot_states_ref",
 ]
 
@@ -203,6 +212,19 @@ def asa_attend_chunked(
     return contract(r), r, contract(w) if w is not None else None, final
 
 
+def _use_triton(backend: str, like: torch.Tensor) -> bool:
+    """Resolve a ``scan_backend`` value (``"auto"``, ``"torch"``, ``"triton"``)."""
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "triton":
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        if triton is None or not (like.is_cuda or interpreted):
+            raise RuntimeError("backend 'triton' needs the triton package and a CUDA tensor "
+                               "(or TRITON_INTERPRET=1 set before the kernels are imported)")
+        return True
+    return backend == "auto" and triton is not None and like.is_cuda
+
+
 def asa_attend(
     logits: torch.Tensor,
     v: torch.Tensor,
@@ -218,11 +240,13 @@ def asa_attend(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
     """Dispatcher for the scan + read (see :func:`asa_attend_chunked`).
 
-    ``backend``: ``"torch"`` (chunk-parallel PyTorch) or ``"auto"`` (the same: the PyTorch form
-    is the implementation on every device).
+    ``backend``: ``"torch"`` (chunk-parallel PyTorch), ``"triton"`` (the Triton kernels: CUDA, or
+    CPU under ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton on CUDA when installed, else PyTorch;
+    the interpreter is for testing kernels, so ``auto`` never picks it).
     """
-    if backend not in ("auto", "torch"):
-        raise ValueError(f"backend must be 'auto' or 'torch', got {backend!r}")
+    if _use_triton(backend, v):
+        return asa_attend_triton(logits, v, q, key_logits, gamma, read_temperature, refine,
+                                 state, gate)
     return asa_attend_chunked(logits, v, q, key_logits, gamma, read_temperature, refine,
                               chunk_size, state, gate)
 
@@ -284,8 +308,265 @@ def causal_linear_attention(
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Dispatcher for :func:`causal_linear_attention_chunked` (same ``backend`` values as
-    :func:`asa_attend`)."""
-    if backend not in ("auto", "torch"):
-        raise ValueError(f"backend must be 'auto' or 'torch', got {backend!r}")
+    """Dispatcher for :func:`causal_linear_attention_chunked` (the PyTorch form for every
+    ``backend`` value of :func:`asa_attend`: the slot-space state is ``[M, M]``, small)."""
+    _use_triton(backend, v)
     return causal_linear_attention_chunked(phi_q, phi_k, v, chunk_size, state)
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the PyTorch forms above need no Triton
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def slot_scan_fwd_kernel(logits_ptr, v_ptr, w_ptr, out_ptr, lse_ptr, m_ptr, den_ptr, num_ptr,
+                             T, K: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
+                             BD: tl.constexpr, READ: tl.constexpr):
+        """One program per (batch, head): the write scan over time, states in registers.
+
+        ``READ``: ``out_t = sum_s w[t, s] slot_s(t)`` (``w [T, K]``, ``out [T, D]``); else
+        ``out[t, s] = <w_t, slot_s(t)>`` (``w [T, D]``, ``out [T, K]``). Stores the log
+        denominators ``lse [T, K]``; reads the initial and writes the final state
+        (``m, den [K]``, ``num [K, D]``).
+        """
+        pid = tl.program_id(0)
+        ks = tl.arange(0, BK)
+        ds = tl.arange(0, BD)
+        kmask = ks < K
+        dmask = ds < D
+        kd_mask = kmask[:, None] & dmask[None, :]
+        kd = ks[:, None] * D + ds[None, :]
+        m = tl.load(m_ptr + pid * K + ks, mask=kmask, other=float("-inf"))
+        den = tl.load(den_ptr + pid * K + ks, mask=kmask, other=0.0)
+        num = tl.load(num_ptr + pid * K * D + kd, mask=kd_mask, other=0.0)
+        for t in range(T):
+            lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
+            vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
+            c = tl.maximum(m, lg)
+            c_safe = tl.where(c == float("-inf"), 0.0, c)
+            carry = tl.exp(m - c_safe)
+            e = tl.exp(lg - c_safe)
+            den = den * carry + e
+            num = num * carry[:, None] + e[:, None] * vt[None, :]
+            m = c
+            positive = den > 0
+            inv = tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)
+            slot = num * inv[:, None]
+            lse = tl.where(positive, tl.log(tl.where(positive, den, 1.0)) + c_safe,
+                           float("-inf"))
+            tl.store(lse_ptr + (pid * T + t) * K + ks, lse, mask=kmask)
+            if READ:
+                wt = tl.load(w_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
+                tl.store(out_ptr + (pid * T + t) * D + ds, tl.sum(wt[:, None] * slot, axis=0),
+                         mask=dmask)
+            else:
+                xt = tl.load(w_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
+                tl.store(out_ptr + (pid * T + t) * K + ks, tl.sum(slot * xt[None, :], axis=1),
+                         mask=kmask)
+        tl.store(m_ptr + pid * K + ks, m, mask=kmask)
+        tl.store(den_ptr + pid * K + ks, den, mask=kmask)
+        tl.store(num_ptr + pid * K * D + kd, num, mask=kd_mask)
+
+    @triton.jit
+    def slot_scan_bwd_kernel(logits_ptr, v_ptr, a_ptr, x_ptr, lse_ptr, m_ptr, den_ptr, num_ptr,
+                             p_ptr, y_ptr, dlogits_ptr, dv_ptr, T, K: tl.constexpr,
+                             D: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+        """Backward of the scan for upstream slot gradients ``G_s(t) = a[t, s] x_t``.
+
+        Forward pass in time: ``p[t, s] = <x_t, slot_s(t)>``, ``y_t = sum_s a[t, s] slot_s(t)``.
+        Reverse pass with the rescaled accumulators (every factor <= 1)
+        ``R_s(t) = G_s(t) + e^(lse_t - lse_{t+1}) R_s(t+1)``,
+        ``U_s(t) = a[t, s] p[t, s] + e^(lse_t - lse_{t+1}) U_s(t+1)``:
+        ``dv_t = sum_s e^(l - lse_t) R_s(t)``,
+        ``dl[t, s] = e^(l - lse_t) (<v_t, R_s(t)> - U_s(t))``.
+        The initial state (``m, den [K]``, ``num [K, D]``) is a constant.
+        """
+        pid = tl.program_id(0)
+        ks = tl.arange(0, BK)
+        ds = tl.arange(0, BD)
+        kmask = ks < K
+        dmask = ds < D
+        kd_mask = kmask[:, None] & dmask[None, :]
+        kd = ks[:, None] * D + ds[None, :]
+        m = tl.load(m_ptr + pid * K + ks, mask=kmask, other=float("-inf"))
+        den = tl.load(den_ptr + pid * K + ks, mask=kmask, other=0.0)
+        num = tl.load(num_ptr + pid * K * D + kd, mask=kd_mask, other=0.0)
+        for t in range(T):
+            lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
+            vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
+            c = tl.maximum(m, lg)
+            c_safe = tl.where(c == float("-inf"), 0.0, c)
+            carry = tl.exp(m - c_safe)
+            e = tl.exp(lg - c_safe)
+            den = den * carry + e
+            num = num * carry[:, None] + e[:, None] * vt[None, :]
+            m = c
+            positive = den > 0
+            slot = num * tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)[:, None]
+            xt = tl.load(x_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
+            at = tl.load(a_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
+            tl.store(p_ptr + (pid * T + t) * K + ks, tl.sum(slot * xt[None, :], axis=1),
+                     mask=kmask)
+            tl.store(y_ptr + (pid * T + t) * D + ds, tl.sum(at[:, None] * slot, axis=0),
+                     mask=dmask)
+        r_acc = tl.zeros((BK, BD), dtype=tl.float32)
+        u_acc = tl.zeros((BK,), dtype=tl.float32)
+        lse_next = tl.full((BK,), float("-inf"), dtype=tl.float32)
+        for i in range(T):
+            t = T - 1 - i
+            lse = tl.load(lse_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
+            finite = (lse != float("-inf")) & (lse_next != float("-inf"))
+            gap = tl.where(finite, lse, 0.0) - tl.where(finite, lse_next, 0.0)
+            decay = tl.where(finite, tl.exp(gap), 0.0)
+            xt = tl.load(x_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
+            at = tl.load(a_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
+            pt = tl.load(p_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
+            r_acc = at[:, None] * xt[None, :] + decay[:, None] * r_acc
+            u_acc = at * pt + decay * u_acc
+            lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
+            vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
+            written = lg != float("-inf")
+            gap = tl.where(written, lg, 0.0) - tl.where(written, lse, 0.0)
+            prob = tl.where(written, tl.exp(gap), 0.0)
+            tl.store(dv_ptr + (pid * T + t) * D + ds, tl.sum(prob[:, None] * r_acc, axis=0),
+                     mask=dmask)
+            dl = prob * (tl.sum(r_acc * vt[None, :], axis=1) - u_acc)
+            tl.store(dlogits_ptr + (pid * T + t) * K + ks, dl, mask=kmask)
+            lse_next = lse
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to(torch.float32).contiguous()
+
+
+def _scan_launch(read: bool, w: torch.Tensor, logits: torch.Tensor, v: torch.Tensor,
+                 state: ScanState) -> tuple[torch.Tensor, torch.Tensor, ScanState]:
+    b, h, t, k = logits.shape
+    d = v.shape[-1]
+    out = torch.empty((b, h, t, d if read else k), device=v.device, dtype=torch.float32)
+    lse = torch.empty((b, h, t, k), device=v.device, dtype=torch.float32)
+    m, den, num = (_flat(x).clone() for x in (state.m, state.den, state.num))
+    slot_scan_fwd_kernel[(b * h,)](
+        _flat(logits), _flat(v), _flat(w), out, lse, m, den, num, t, K=k, D=d,
+        BK=triton.next_power_of_2(k), BD=triton.next_power_of_2(d), READ=read)
+    return out, lse, ScanState(m=m, den=den, num=num)
+
+
+def _scan_backward(a: torch.Tensor, x: torch.Tensor, logits: torch.Tensor, v: torch.Tensor,
+                   lse: torch.Tensor, state: ScanState) -> tuple[torch.Tensor, ...]:
+    b, h, t, k = logits.shape
+    d = v.shape[-1]
+    p = torch.empty((b, h, t, k), device=v.device, dtype=torch.float32)
+    y = torch.empty((b, h, t, d), device=v.device, dtype=torch.float32)
+    dlogits = torch.empty_like(p)
+    dv = torch.empty_like(y)
+    slot_scan_bwd_kernel[(b * h,)](
+        _flat(logits), _flat(v), _flat(a), _flat(x), lse, _flat(state.m), _flat(state.den),
+        _flat(state.num), p, y, dlogits, dv, t, K=k, D=d, BK=triton.next_power_of_2(k),
+        BD=triton.next_power_of_2(d))
+    return p, y, dlogits, dv
+
+
+class _SlotRead(torch.autograd.Function):
+    """``out_t = sum_s a[t, s] slot_s(t)`` on the Triton kernels; the initial state is constant."""
+
+    @staticmethod
+    def forward(ctx, a, logits, v, m, den, num):
+        state = ScanState(m=m, den=den, num=num)
+        out, lse, final = _scan_launch(True, a, logits, v, state)
+        ctx.save_for_backward(a, logits, v, lse, m, den, num)
+        ctx.mark_non_differentiable(final.m, final.den, final.num)
+        return out, final.m, final.den, final.num
+
+    @staticmethod
+    def backward(ctx, grad_out, *unused):
+        a, logits, v, lse, m, den, num = ctx.saved_tensors
+        p, _, dlogits, dv = _scan_backward(a, grad_out, logits, v, lse, ScanState(m, den, num))
+        return p, dlogits, dv, None, None, None
+
+
+class _SlotScores(torch.autograd.Function):
+    """``out[t, s] = <x_t, slot_s(t)>`` on the Triton kernels; the initial state is constant."""
+
+    @staticmethod
+    def forward(ctx, x, logits, v, m, den, num):
+        out, lse, _ = _scan_launch(False, x, logits, v, ScanState(m=m, den=den, num=num))
+        ctx.save_for_backward(x, logits, v, lse, m, den, num)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, logits, v, lse, m, den, num = ctx.saved_tensors
+        _, y, dlogits, dv = _scan_backward(grad_out, x, logits, v, lse, ScanState(m, den, num))
+        return y, dlogits, dv, None, None, None
+
+
+def slot_read_triton(a: torch.Tensor, logits: torch.Tensor, v: torch.Tensor,
+                     state: ScanState | None = None) -> tuple[torch.Tensor, ScanState]:
+    """``sum_s a[t, s] slot_s(t)`` ``[B, H, T, d]`` and the final state, on Triton (float32).
+
+    ``a, logits [B, H, T, K]``, ``v [B, H, T, d]``. Saves only ``[B, H, T, K]`` log denominators
+    for the backward pass, which recomputes the slot states in registers.
+    """
+    if triton is None:
+        raise RuntimeError("slot_read_triton needs the triton package")
+    b, h, _, k = logits.shape
+    if state is None:
+        state = ScanState.empty(b, h, k, v.shape[-1], v.device, torch.float32)
+    out, m, den, num = _SlotRead.apply(a, logits, v, state.m, state.den, state.num)
+    return out, ScanState(m=m, den=den, num=num)
+
+
+def slot_scores_triton(x: torch.Tensor, logits: torch.Tensor, v: torch.Tensor,
+                       state: ScanState | None = None) -> torch.Tensor:
+    """``<x_t, slot_s(t)>`` ``[B, H, T, K]`` on Triton (float32); ``x [B, H, T, d]``."""
+    if triton is None:
+        raise RuntimeError("slot_scores_triton needs the triton package")
+    b, h, _, k = logits.shape
+    if state is None:
+        state = ScanState.empty(b, h, k, v.shape[-1], v.device, torch.float32)
+    return _SlotScores.apply(x, logits, v, state.m, state.den, state.num)
+
+
+def slot_read_ref(a: torch.Tensor, logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Float64 reference of :func:`slot_read_triton`: ``[B, H, T, d]``."""
+    return torch.einsum("bhtk,bhtkd->bhtd", a.double(), slot_states_ref(logits, v))
+
+
+def slot_scores_ref(x: torch.Tensor, logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Float64 reference of :func:`slot_scores_triton`: ``[B, H, T, K]``."""
+    return torch.einsum("bhtd,bhtkd->bhtk", x.double(), slot_states_ref(logits, v))
+
+
+def asa_attend_triton(
+    logits: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    key_logits: torch.Tensor,
+    gamma: torch.Tensor | float,
+    read_temperature: float = 1.0,
+    refine: Refine | None = None,
+    state: ScanState | None = None,
+    gate: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
+    """:func:`asa_attend_chunked` on the Triton scan kernels (same arguments and results).
+
+    The content scores and the read are two launches of the recurrent kernel; the second
+    recomputes the slot states in registers instead of storing ``[T, K, d]``.
+    """
+    gamma = torch.as_tensor(gamma, dtype=torch.float32, device=v.device)
+    gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
+    content = slot_scores_triton(q, logits, v, state)
+    r = torch.softmax((key_logits.float() + gamma * content) / read_temperature, dim=-1)
+    w = refine(r).float() if refine is not None else None
+    if w is not None and gate is not None:
+        o, final = slot_read_triton(r + torch.as_tensor(gate, dtype=torch.float32) * w, logits,
+                                    v, state)
+        return o, r, None, final
+    o, final = slot_read_triton(r, logits, v, state)
+    delta = slot_read_triton(w, logits, v, state)[0] if w is not None else None
+    return o, r, delta, final

@@ -9,7 +9,7 @@ from transformers import PretrainedConfig
 __all__ = ["ASMConfig"]
 
 WRITE_KEY_POSITIONS = ("none", "rotary")
-SCAN_BACKENDS = ("auto", "torch")
+SCAN_BACKENDS = ("auto", "torch", "triton")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -67,7 +67,8 @@ class ASMConfig(PretrainedConfig):
         refinement_gate_init: initial raw gate; ``g = softplus(raw)``.
         chunk_size: positions per chunk of the chunk-parallel scan (any value gives the same
             result up to rounding).
-        scan_backend: ``"auto"`` or ``"torch"``.
+        scan_backend: ``"auto"`` (Triton on CUDA, else the chunk-parallel PyTorch form),
+            ``"torch"`` or ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``).
         layer_norm_eps: LayerNorm epsilon.
         initializer_range: std of the normal initialisation of linear and embedding weights.
         max_position_embeddings: training context (informational: there is no position table).

@@ -1,0 +1,144 @@
+"""ASA Triton scan kernels against the float64 references (TRITON_INTERPRET=1 on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from modeling.asm import (  # noqa: E402
+    ASMConfig,
+    ASMForCausalLM,
+    asa_attend,
+    asa_attend_chunked,
+    asa_attend_ref,
+)
+from modeling.asm.asm_kernels import (  # noqa: E402
+    asa_attend_triton,
+    slot_read_ref,
+    slot_read_triton,
+    slot_scores_ref,
+    slot_scores_triton,
+)
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+SHAPES = [(1, 1, 1, 1, 1), (2, 7, 2, 3, 5), (1, 12, 1, 16, 8), (2, 5, 3, 6, 3)]
+
+
+def shape_id(shape: tuple[int, ...]) -> str:
+    b, t, h, k, d = shape
+    return f"B{b}-T{t}-H{h}-K{k}-d{d}"
+
+
+def scan_inputs(b: int, t: int, h: int, k: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(b, h, t, k) * 2
+    if t > 2:
+        logits[0, :, : t // 3] = float("-inf")  # left padding
+        if b > 1:
+            logits[1, :, t - t // 3:] = float("-inf")  # right padding
+    return logits, torch.randn(b, h, t, d)
+
+
+def outputs_and_grads(fn, inputs: list[torch.Tensor], dtype: torch.dtype):
+    leaves = [x.detach().to(dtype).requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    out = out[0] if isinstance(out, tuple) else out
+    proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grads = torch.autograd.grad((out.double() * proj).sum(), leaves)
+    return out.detach().double(), [g.double() for g in grads]
+
+
+@pytest.mark.parametrize("op", ["read", "scores"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_kernels_match_reference_outputs_and_every_gradient(shape, op):
+    b, t, h, k, d = shape
+    logits, v = scan_inputs(*shape)
+    first = torch.randn(b, h, t, k) if op == "read" else torch.randn(b, h, t, d)
+    kernel, ref = ((slot_read_triton, slot_read_ref) if op == "read"
+                   else (slot_scores_triton, slot_scores_ref))
+    out, grads = outputs_and_grads(kernel, [first, logits, v], torch.float32)
+    ref_out, ref_grads = outputs_and_grads(ref, [first, logits, v], torch.float64)
+    torch.testing.assert_close(out, ref_out, **TOL)
+    for a, e in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, **TOL)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_asa_attend_triton_matches_reference(fused):
+    b, t, h, k, d = 2, 6, 2, 4, 3
+    logits, v = scan_inputs(b, t, h, k, d)
+    inputs = [logits, v, torch.randn(b, h, t, d) / 2, torch.randn(b, h, t, k), torch.rand(h) * 3,
+              torch.randn(k, k), torch.tensor(0.7)]
+
+    def run(fn, dtype, **kwargs):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in inputs]
+        lg, vv, q, kl, gamma, w, gate = leaves
+        o, r, delta = fn(lg, vv, q, kl, gamma, 0.8, lambda x: torch.tanh(x.to(dtype) @ w),
+                         gate=gate if fused else None, **kwargs)[:3]
+        outs = [o, r] + ([] if fused else [delta])
+        gen = torch.Generator().manual_seed(4)
+        loss = sum((x.double() * torch.randn(x.shape, generator=gen, dtype=torch.float64)).sum()
+                   for x in outs)
+        used = leaves if fused else leaves[:-1]
+        return [x.detach().double() for x in outs] + [
+            g.double() for g in torch.autograd.grad(loss, used)]
+
+    for a, e in zip(run(asa_attend_triton, torch.float32), run(asa_attend_ref, torch.float64),
+                    strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_state_continuation_and_final_state_match_chunked():
+    b, t, h, k, d = 1, 7, 2, 3, 4
+    logits, v = scan_inputs(b, t, h, k, d)
+    a = torch.randn(b, h, t, k)
+    full, final = slot_read_triton(a, logits, v)
+    head, state = slot_read_triton(a[:, :, :4], logits[:, :, :4], v[:, :, :4])
+    pieces = [head]
+    for i in range(4, t):
+        step, state = slot_read_triton(a[:, :, i:i + 1], logits[:, :, i:i + 1], v[:, :, i:i + 1],
+                                       state)
+        pieces.append(step)
+    torch.testing.assert_close(torch.cat(pieces, dim=2), full, **TOL)
+    zeros = dict(q=torch.zeros(b, h, t, d), key_logits=torch.zeros(b, h, t, k), gamma=0.0)
+    chunked_state = asa_attend_chunked(logits, v, **zeros, chunk_size=3)[3]
+    for x, y in ((final.m, chunked_state.m), (final.den, chunked_state.den),
+                 (final.num, chunked_state.num)):
+        torch.testing.assert_close(x, y, **TOL)
+
+
+def tiny_model(**overrides) -> ASMForCausalLM:
+    torch.manual_seed(0)
+    config = ASMConfig(vocab_size=31, hidden_size=12, num_hidden_layers=2, num_attention_heads=2,
+                       num_slots=3, slot_space_dim=4, chunk_size=4, refinement_gate_init=0.0,
+                       content_read_init=0.0, initializer_range=0.3, **overrides)
+    return ASMForCausalLM(config).eval()
+
+
+def test_model_forward_and_decode_on_triton_match_torch():
+    ids = torch.randint(1, 31, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    expected = tiny_model()(ids, attention_mask=mask).logits
+    model = tiny_model(scan_backend="triton")
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, expected, **TOL)
+    out = model(ids[:, :4], attention_mask=mask[:, :4], use_cache=True)
+    steps = [out.logits]
+    for i in (4, 5):
+        steps.append(model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
+                           past_key_values=out.past_key_values, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, **TOL)
+
+
+def test_dispatcher(monkeypatch):
+    logits, v = scan_inputs(1, 4, 1, 2, 3)
+    args = (logits, v, torch.randn(1, 1, 4, 3), torch.randn(1, 1, 4, 2), 0.5)
+    assert torch.equal(asa_attend(*args, backend="auto")[0], asa_attend_chunked(*args)[0])
+    assert torch.equal(asa_attend(*args, backend="triton")[0], asa_attend_triton(*args)[0])
+    with pytest.raises(ValueError, match="backend"):
+        asa_attend(*args, backend="cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="triton"):
+        asa_attend(*args, backend="triton")
