@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["chat_messages", "encode_chats", "generate_chat", "generate_conversations"]
+__all__ = ["assistant_prefix_length", "chat_messages", "encode_chats", "generate_chat",
+           "generate_conversations"]
 
 
 def chat_messages(prompt: str, system: str | None = None) -> list[dict[str, str]]:
@@ -21,15 +22,30 @@ def chat_messages(prompt: str, system: str | None = None) -> list[dict[str, str]
     return messages
 
 
+def assistant_prefix_length(tokenizer: PreTrainedTokenizerBase) -> int:
+    """Tokens the chat template's generation prompt adds after the last user turn.
+
+    The instruction of a templated prompt of length P ends at P minus this.
+    """
+    messages = chat_messages("x")
+    with_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                tokenize=False)
+    without = tokenizer.apply_chat_template(messages, add_generation_prompt=False,
+                                            tokenize=False)
+    count = len(tokenizer(with_prompt, add_special_tokens=False).input_ids)
+    return count - len(tokenizer(without, add_special_tokens=False).input_ids)
+
+
 def encode_chats(tokenizer: PreTrainedTokenizerBase,
-                 conversations: Sequence[list[dict[str, str]]]):
-    """Chat-template each conversation (with the generation prompt) into one left-padded batch."""
+                 conversations: Sequence[list[dict[str, str]]], *, answer_prefix: str = ""):
+    """Chat-template each conversation (with the generation prompt, then ``answer_prefix`` as
+    the start of the assistant's reply) into one left-padded batch."""
     if not conversations:
         raise ValueError("prompts is empty")
     if tokenizer.pad_token is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before batching")
     texts = [tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-             for messages in conversations]
+             + answer_prefix for messages in conversations]
     previous_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
@@ -49,8 +65,9 @@ def generate_conversations(
 ) -> list[str]:
     """Continue each conversation as the assistant; all run as one left-padded batch.
 
-    ``attach(prompt_length)``, if given, returns a context manager held around ``generate()``
-    (a steering method); ``prompt_length`` is the padded prompt length. Greedy by default.
+    ``attach(instruction_end)``, if given, returns a context manager held around ``generate()``
+    (a steering method); ``instruction_end`` is the position where the (left-padded) user
+    instruction ends and the assistant's generation prompt begins. Greedy by default.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -58,7 +75,8 @@ def generate_conversations(
     prompt_length = batch["input_ids"].shape[1]
     generate_kwargs.setdefault("do_sample", False)
     generate_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-    with attach(prompt_length) if attach is not None else nullcontext():
+    instruction_end = prompt_length - assistant_prefix_length(tokenizer)
+    with attach(instruction_end) if attach is not None else nullcontext():
         output = model.generate(**batch, max_new_tokens=max_new_tokens, **generate_kwargs)
     new_tokens = output[:, prompt_length:]
     return [t.strip() for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]

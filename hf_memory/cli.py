@@ -13,7 +13,8 @@ __all__ = ["build_parser", "main"]
 
 
 class CLIError(Exception):
-    """A user-facing failure: printed as one line, exit status 2."""
+    """A user-facing failure: printed as one line, exit status 2 (as is any ValueError, the
+    library's error for bad input)."""
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -64,6 +65,8 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from eval_harness.cli import add_eval_parsers
+
     from . import __version__
     from .analysis.cli import add_analyze_ffn_parser
     from .arith_cli import add_arith_parsers
@@ -97,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
     add_analyze_ffn_parser(commands)
     add_arith_parsers(commands)
+    add_eval_parsers(commands)
     return parser
 
 
@@ -104,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)
-    except CLIError as error:
+    except (CLIError, ValueError) as error:
         print(f"hf-memory {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -32,7 +32,8 @@ class Method:
     def messages(self, prompt: str) -> list[dict[str, str]]:
         return chat_messages(prompt)
 
-    def attach(self, model: nn.Module, prompt_length: int) -> AbstractContextManager:
+    def attach(self, model: nn.Module, instruction_end: int) -> AbstractContextManager:
+        """What to hold around generation; ``instruction_end``: where the user turn ends."""
         return nullcontext()
 
     def describe(self) -> dict[str, Any]:
@@ -74,7 +75,8 @@ class PromptMethod(Method):
 
 
 class CAAMethod(Method):
-    """Contrastive activation addition at every position after the instruction."""
+    """Contrastive activation addition at every position after the user's instruction: the
+    assistant's generation prompt and every generated token."""
 
     name = "caa"
 
@@ -82,8 +84,8 @@ class CAAMethod(Method):
         self.vectors = vectors
         self.scale = vectors.scale if scale is None else float(scale)
 
-    def attach(self, model: nn.Module, prompt_length: int) -> AbstractContextManager:
-        return apply_caa(model, self.vectors, scale=self.scale, start_position=prompt_length)
+    def attach(self, model: nn.Module, instruction_end: int) -> AbstractContextManager:
+        return apply_caa(model, self.vectors, scale=self.scale, start_position=instruction_end)
 
     def describe(self) -> dict[str, Any]:
         return {"method": self.name, "layers": self.vectors.layers, "scale": self.scale,
@@ -99,7 +101,7 @@ class MemoryMethod(Method):
     def __init__(self, banks: BankSet, selector: Any = None, **steering: Any) -> None:
         self.banks, self.selector, self.steering = banks, selector, steering
 
-    def attach(self, model: nn.Module, prompt_length: int) -> AbstractContextManager:
+    def attach(self, model: nn.Module, instruction_end: int) -> AbstractContextManager:
         return steer(model, self.banks, selector=self.selector, **self.steering)
 
     def describe(self) -> dict[str, Any]:
@@ -116,4 +118,4 @@ def generate_with(method: Method, model: nn.Module, tokenizer, prompts: Sequence
         raise ValueError("prompts must be a non-empty sequence of strings")
     return generate_conversations(
         model, tokenizer, [method.messages(p) for p in prompts],
-        attach=lambda length: method.attach(model, length), **generate_kwargs)
+        attach=lambda end: method.attach(model, end), **generate_kwargs)

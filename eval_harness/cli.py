@@ -1,0 +1,108 @@
+"""``hf-memory eval <task>`` and ``hf-memory report <results>``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .names import FACTORS, METHODS, TASKS
+
+__all__ = ["add_eval_parsers"]
+
+
+def _csv(choices: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}; got {text!r}")
+        return values
+    return parse
+
+
+def _limit(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 10 items per factor, got {text}")
+    return value
+
+
+def _load_model(name: str):
+    from hf_memory import load_default_model
+
+    if name == "default":
+        return load_default_model()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name).eval()
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except OSError as error:
+        raise ValueError(f"cannot load model {name!r}: {str(error).splitlines()[0]}") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .bigfive import BigFiveConfig, run_bigfive
+    from .kv_task import run_kv_footprint
+    from .report import render_report
+    from .runner import run_task
+
+    model, tokenizer = _load_model(args.model)
+    out = Path(args.out or f"results/{args.task}")
+    if args.task == "bigfive":
+        config = BigFiveConfig(methods=args.method, traits=args.traits, limit=args.limit,
+                               top_layers=args.top_layers, bank_gain=args.gain,
+                               caa_layer=args.caa_layer, caa_scale=args.caa_scale,
+                               seed=args.seed)
+        path = run_task("bigfive", lambda: run_bigfive(model, tokenizer, config), model=model,
+                        config=vars(config), seed=args.seed, out=out)
+    else:
+        config = {"traits": args.traits, "top_layers": args.top_layers}
+        path = run_task("kv-footprint", lambda: run_kv_footprint(
+            model, tokenizer, traits=args.traits, top_layers=args.top_layers), model=model,
+            config=config, seed=args.seed, out=out)
+    print(f"# wrote {path}")
+    for report in render_report(path):
+        print(f"# wrote {report}")
+    print((path.parent / "report.md").read_text())
+
+
+def _report(args: argparse.Namespace) -> None:
+    from .report import render_report
+
+    for path in render_report(args.results, args.out):
+        print(path)
+
+
+def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
+    """Register ``eval`` and ``report`` on the ``hf-memory`` parser."""
+    run = commands.add_parser(
+        "eval", help="run an evaluation task and write results.json + report",
+        description="Run a task (bigfive: IPIP-50 self-evaluation with DAS for each steering "
+                    "method; kv-footprint: banks vs visible prompt, eq. 10) and render its "
+                    "report (Markdown tables + PNG plots).")
+    run.add_argument("task", choices=TASKS)
+    run.add_argument("--method", type=_csv(METHODS), default=list(METHODS),
+                     help=f"comma-separated methods (default: {','.join(METHODS)})")
+    run.add_argument("--traits", type=_csv(FACTORS), default=list(FACTORS),
+                     help="comma-separated target traits (default: O,C,E,A,N)")
+    run.add_argument("--model", default="default",
+                     help="'default' (the embedded SmolLM2-135M-Instruct) or a local path")
+    run.add_argument("--limit", type=_limit, help="items per factor (1-10; default: all 10)")
+    run.add_argument("--top-layers", type=int, default=5, help="selector layer budget m")
+    run.add_argument("--gain", type=float, default=2.0, help="bank gain lambda")
+    run.add_argument("--caa-layer", type=int, default=10)
+    run.add_argument("--caa-scale", type=float, default=2.0)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--out", metavar="DIR", help="output directory (default: results/<task>)")
+    run.set_defaults(handler=_eval)
+
+    report = commands.add_parser("report", help="render tables and plots from a results.json",
+                                 description="Render report.md and PNG plots from results.")
+    report.add_argument("results", help="a results.json or the directory holding it")
+    report.add_argument("--out", metavar="DIR", help="where to write (default: beside it)")
+    report.set_defaults(handler=_report)

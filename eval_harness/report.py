@@ -1,0 +1,134 @@
+"""Tables (Markdown) and plots (PNG) from a results JSON, for a person to look at."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["render_report"]
+
+METHOD_ORDER = ("prompt", "caa", "memory")
+TRAIT_NAMES = {"O": "Openness", "C": "Conscientiousness", "E": "Extraversion",
+               "A": "Agreeableness", "N": "Neuroticism"}
+
+
+def _bigfive_tables(results: dict[str, Any], kind: str) -> tuple[str, dict]:
+    runs = results["runs"]
+    plain = next(r for r in runs if r["method"] == "plain")["scores"][kind]
+    lines = [f"### DAS table ({kind} answers)", "",
+             "| trait | method | score | shift | drift | DAS |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    das: dict[str, dict[str, float]] = {}
+    for trait in TRAIT_NAMES:
+        chosen = [r for r in runs if r["target"] == trait]
+        if not chosen:
+            continue
+        lines.append(f"| {TRAIT_NAMES[trait]} | plain | {plain[trait]:.2f} | 0.00 | 0.000 | "
+                     "0.000 |")
+        for run in sorted(chosen, key=lambda r: METHOD_ORDER.index(r["method"])):
+            d = run["das"][kind]
+            das.setdefault(run["method"], {})[trait] = d["das"]
+            lines.append(f"| | {run['method']} | {run['scores'][kind][trait]:.2f} | "
+                         f"{d['delta_target']:+.2f} | {d['drift']:.3f} | {d['das']:.3f} |")
+    for method, row in results["summary"].items():
+        m = row[kind]
+        lines.append(f"| **average** | {method} | | {m['delta_target']:+.2f} | "
+                     f"{m['drift']:.3f} | **{m['das']:.3f}** |")
+    return "\n".join(lines), das
+
+
+def _bar_plot(das: dict[str, dict[str, float]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in METHOD_ORDER if m in das]
+    traits = [t for t in TRAIT_NAMES if any(t in das[m] for m in methods)]
+    groups = traits + ["avg"]
+    fig, ax = plt.subplots(figsize=(1.6 * len(groups) + 2, 4))
+    width = 0.8 / max(len(methods), 1)
+    for i, method in enumerate(methods):
+        values = [das[method].get(t, 0.0) for t in traits]
+        values.append(sum(values) / len(values))
+        ax.bar([g + i * width for g in range(len(groups))], values, width, label=method)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks([g + width * (len(methods) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels([TRAIT_NAMES.get(g, "average") for g in groups], rotation=15)
+    ax.set_ylabel("DAS = Δ target − non-target drift")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _kv_report(results: dict[str, Any], out: Path, record: dict[str, Any]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    lines = ["| trait | banks | layers | slots | bank bytes | descriptor KV (all layers) | "
+             "ratio | system-prompt KV | ratio |", "|" + " --- |" * 9]
+    for r in rows:
+        lines.append(f"| {r['trait']} | {r['banks']} | {r['layers']} | {r['bank_slots']} | "
+                     f"{r['bank_bytes']:,} | {r['prompt_kv_bytes']:,} | {r['actual_ratio']:.2f}x | "
+                     f"{r['system_prompt_kv_bytes']:,} | {r['system_prompt_ratio']:.2f}x |")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    labels = [f"{r['trait']}\n{'T' if r['banks'] == 'target bank' else 'T+R'}" for r in rows]
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r["prompt_kv_bytes"] for r in rows], 0.4,
+           label="descriptor as visible prompt (all layers)")
+    ax.bar([i + 0.2 for i in x], [r["bank_bytes"] for r in rows], 0.4,
+           label="memory bank (selected layers)")
+    ax.set_yscale("log")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("KV bytes (log scale)")
+    ax.set_title(f"KV footprint on {record['model']['name_or_path']}")
+    ax.legend()
+    fig.tight_layout()
+    plot = out / "kv_footprint.png"
+    fig.savefig(plot, dpi=120)
+    plt.close(fig)
+    report = out / "report.md"
+    report.write_text("# KV footprint\n\n" + "\n".join(lines) + "\n\n![kv](kv_footprint.png)\n")
+    return [report, plot]
+
+
+def render_report(results_path: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write ``report.md`` and PNG plots next to (or into ``out`` for) a results JSON."""
+    path = Path(results_path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read results from {path}: {error}") from None
+    out = Path(out) if out is not None else path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    task = record.get("task")
+    if task == "kv-footprint":
+        return _kv_report(record["results"], out, record)
+    if task != "bigfive":
+        raise ValueError(f"{path} holds results of an unknown task {task!r}")
+    results = record["results"]
+    sections, paths = [], []
+    for kind in ("greedy", "expected"):
+        table, das = _bigfive_tables(results, kind)
+        plot = out / f"bigfive_das_{kind}.png"
+        _bar_plot(das, plot, f"Big Five self-evaluation, {kind} answers "
+                             f"({record['model']['name_or_path']})")
+        sections.append(f"{table}\n\n![DAS]({plot.name})")
+        paths.append(plot)
+    header = (f"# Big Five self-evaluation\n\nModel `{record['model']['name_or_path']}`, "
+              f"{results['items']['count']} IPIP items, wall time {record['wall_time_s']:.0f} s, "
+              f"git {record['environment']['git_sha']}.\n\nSelected sites per trait: "
+              + "; ".join(f"{t}: layers {s['layers']}" for t, s in
+                          results["calibration"]["selectors"].items()) + "\n")
+    report = out / "report.md"
+    report.write_text(header + "\n" + "\n\n".join(sections) + "\n")
+    return [report, *paths]

@@ -1,0 +1,133 @@
+"""The evaluation harness: metrics, IPIP-50 items, DAS arithmetic, results schema, the CLI."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+
+import jsonschema
+import pytest
+
+from eval_harness.bigfive import CALIBRATION_PROMPTS, TRAITS, item_prompt, load_items, summarize
+from eval_harness.metrics import METRICS_DIR, load_metric
+from eval_harness.names import FACTORS
+from eval_harness.report import render_report
+from eval_harness.runner import environment, validate_results
+from hf_memory import cli
+
+
+@pytest.mark.parametrize("name", ["big_five_traits", "drift_adjusted_score"])
+def test_metric_doctests_pass_and_cards_exist(name):
+    path = METRICS_DIR / name / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"metric_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = doctest.testmod(module)
+    assert result.attempted >= 2 and result.failed == 0
+    card = (METRICS_DIR / name / "README.md").read_text()
+    assert card.startswith("---\ntitle:") and "evaluate.load" in card
+
+
+def test_item_file_has_50_items_10_per_factor_both_keyings():
+    data = json.loads((METRICS_DIR.parent / "data" / "ipip50.json").read_text())
+    assert "ipip.ori.org" in data["source"] and data["license"] == "public domain"
+    items = load_items()
+    assert len(items) == 50 and len({i["text"] for i in items}) == 50
+    for factor in FACTORS:
+        keys = [i["key"] for i in items if i["factor"] == factor]
+        assert len(keys) == 10 and set(keys) == {1, -1}
+    assert {i["factor"] for i in load_items(limit=2)} == set(FACTORS)
+    assert len(load_items(limit=2)) == 10
+    assert item_prompt(items[0]).startswith(
+        'Here is a statement that may or may not describe you: "I am the life of the party."')
+    assert set(TRAITS) == set(FACTORS) and len(CALIBRATION_PROMPTS) >= 5
+    calibration = set(CALIBRATION_PROMPTS)
+    assert not calibration & {item_prompt(i) for i in items}, "calibration must be held out"
+
+
+def test_trait_scores_apply_reverse_keying():
+    metric = load_metric("big_five_traits")
+    scores = metric.compute(predictions=[5, 5, 1, 2, 4], references=[1, -1, -1, 1, -1],
+                            factors=["N", "N", "E", "E", "O"])
+    assert scores == {"E": 3.5, "N": 3.0, "O": 2.0}
+    with pytest.raises(ValueError, match="in \\[1, 5\\]"):
+        metric.compute(predictions=[6], references=[1], factors=["N"])
+
+
+def test_das_and_drift_on_hand_made_answers():
+    metric = load_metric("drift_adjusted_score")
+    result = metric.compute(predictions=[3.0, 4.0, 2.0, 4.0, 4.5],
+                            references=[3.0, 3.0, 3.0, 4.0, 2.5], traits=list(FACTORS),
+                            target="N")
+    assert result == {"delta_target": 2.0, "drift": 0.5, "das": 1.5}
+    moved_away = metric.compute(predictions=[2.0, 3.0], references=[3.0, 3.0],
+                                traits=["N", "E"], target="N")
+    assert moved_away == {"delta_target": -1.0, "drift": 0.0, "das": -1.0}
+    runs = [{"method": "plain"},
+            {"method": "memory", "das": {k: result for k in ("greedy", "expected")}},
+            {"method": "memory", "das": {k: moved_away for k in ("greedy", "expected")}}]
+    assert summarize(runs)["memory"]["greedy"] == {"delta_target": 0.5, "drift": 0.25,
+                                                   "das": 0.25}
+
+
+def test_metric_loads_through_evaluate_offline():
+    import evaluate
+
+    metric = evaluate.load(str(METRICS_DIR / "drift_adjusted_score"))
+    assert metric.compute(predictions=[1.0, 2.0], references=[0.0, 2.0], traits=["a", "b"],
+                          target="a")["das"] == 1.0
+
+
+def test_schema_rejects_incomplete_results():
+    env = environment()
+    assert set(env) == {"packages", "git_sha", "python", "platform"}
+    assert env["packages"]["torch"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate_results({"schema_version": 1, "task": "bigfive"})
+
+
+def test_bad_task_arguments_are_one_line_errors(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "bigfive", "--method", "plain,telepathy"])
+    assert exit_info.value.code == 2
+    assert "choose from plain, prompt, caa, memory" in capsys.readouterr().err
+    assert cli.main(["eval", "bigfive", "--model", "/nonexistent/model"]) == 2
+    assert "cannot load model" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert cli.main(["report", "/nonexistent/results.json"]) == 2
+
+
+@pytest.mark.slow
+def test_bigfive_smoke_run_end_to_end(tmp_path, capsys):
+    assert cli.main(["eval", "bigfive", "--limit", "2", "--traits", "N,E",
+                     "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    validate_results(record)
+    results = record["results"]
+    assert record["task"] == "bigfive" and results["items"]["count"] == 10
+    conditions = {(r["method"], r["target"]) for r in results["runs"]}
+    assert conditions == {("plain", None)} | {(m, t) for m in ("prompt", "caa", "memory")
+                                             for t in ("N", "E")}
+    for run in results["runs"]:
+        assert len(run["answers"]) == 10
+        for answer in run["answers"]:
+            assert answer["greedy"] in range(1, 6) and 1 <= answer["expected"] <= 5
+            assert abs(sum(answer["probs"]) - 1) < 1e-4
+    assert set(results["calibration"]["selectors"]) == {"N", "E"}
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "bigfive_das_greedy.png").is_file()
+    assert "| **average** | memory |" in capsys.readouterr().out
+    again = tmp_path / "again"
+    render_report(tmp_path / "results.json", again)
+    assert (again / "report.md").read_text() == (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_kv_footprint_task(tmp_path):
+    assert cli.main(["eval", "kv-footprint", "--traits", "N", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    validate_results(record)
+    target, both = record["results"]["rows"]
+    assert target["bank_slots"] == target["prompt_tokens"] and target["controlled_layers"] == 5
+    assert target["actual_ratio"] == pytest.approx(30 / 5)
+    assert both["bank_bytes"] > target["bank_bytes"]
+    assert (tmp_path / "kv_footprint.png").is_file()
