@@ -16,6 +16,8 @@ from modeling.asm import (  # noqa: E402
 )
 from modeling.asm.asm_kernels import (  # noqa: E402
     asa_attend_triton,
+    causal_linear_attention_ref,
+    causal_linear_attention_triton,
     slot_read_ref,
     slot_read_triton,
     slot_scores_ref,
@@ -107,6 +109,30 @@ def test_state_continuation_and_final_state_match_chunked():
     for x, y in ((final.m, chunked_state.m), (final.den, chunked_state.den),
                  (final.num, chunked_state.num)):
         torch.testing.assert_close(x, y, **TOL)
+
+
+@pytest.mark.parametrize("b, t, h, m", [(1, 1, 1, 2), (2, 7, 2, 5), (1, 5, 1, 32)],
+                         ids=lambda x: str(x))
+def test_linear_attention_kernels_match_reference(b, t, h, m):
+    phi_q, phi_k, v = torch.rand(b, h, t, m) + 0.1, torch.rand(b, h, t, m) + 0.1, torch.randn(
+        b, h, t, m)
+    if t > 2:
+        phi_k[0, :, :2] = 0.0  # left padding: nothing written, the first reads are zero
+    out, grads = outputs_and_grads(causal_linear_attention_triton, [phi_q, phi_k, v],
+                                   torch.float32)
+    ref_out, ref_grads = outputs_and_grads(causal_linear_attention_ref, [phi_q, phi_k, v],
+                                           torch.float64)
+    torch.testing.assert_close(out, ref_out, **TOL)
+    for a, e in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, **TOL)
+    _, state = causal_linear_attention_triton(phi_q[:, :, : t // 2], phi_k[:, :, : t // 2],
+                                              v[:, :, : t // 2])
+    rest, (s, z) = causal_linear_attention_triton(phi_q[:, :, t // 2:], phi_k[:, :, t // 2:],
+                                                  v[:, :, t // 2:], state)
+    torch.testing.assert_close(rest.double(), ref_out[:, :, t // 2:], **TOL)
+    torch.testing.assert_close(s, phi_k.transpose(-1, -2) @ v, **TOL)
+    torch.testing.assert_close(z, phi_k.sum(2), **TOL)
 
 
 def tiny_model(**overrides) -> ASMForCausalLM:

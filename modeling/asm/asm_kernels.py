@@ -16,8 +16,10 @@ width. Masked (padding) positions carry write logits of ``-inf`` and write nothi
 default on CPU). Both chunked forms take and return the recurrent state, so prefill, chunked
 prefill and one-token decoding are the same code. ``slot_scan_fwd_kernel`` /
 ``slot_scan_bwd_kernel`` are the Triton kernels of the scan + read (``slot_read_triton``,
-``slot_scores_triton``, ``asa_attend_triton``); ``asa_attend`` dispatches. See README.md beside
-this file for the maths.
+``slot_scores_triton``, ``asa_attend_triton``), ``linear_attn_fwd_kernel`` /
+``linear_attn_bwd_kernel`` those of the slot-space linear attention
+(``causal_linear_attention_triton``); ``asa_attend`` and ``causal_linear_attention``
+dispatch. See README.md beside this file for the maths.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "causal_linear_attention",
     "causal_linear_attention_chunked",
     "causal_linear_attention_ref",
+    "causal_linear_attention_triton",
     "slot_read_ref",
     "slot_read_triton",
     "slot_scores_ref",
@@ -308,9 +311,9 @@ def causal_linear_attention(
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Dispatcher for :func:`causal_linear_attention_chunked` (the PyTorch form for every
-    ``backend`` value of :func:`asa_attend`: the slot-space state is ``[M, M]``, small)."""
-    _use_triton(backend, v)
+    """Dispatcher for the causal linear attention (``backend`` as in :func:`asa_attend`)."""
+    if _use_triton(backend, v):
+        return causal_linear_attention_triton(phi_q, phi_k, v, state)
     return causal_linear_attention_chunked(phi_q, phi_k, v, chunk_size, state)
 
 
@@ -438,6 +441,81 @@ if triton is not None:
             tl.store(dlogits_ptr + (pid * T + t) * K + ks, dl, mask=kmask)
             lse_next = lse
 
+    @triton.jit
+    def linear_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, z_ptr, s_ptr, zs_ptr, T,
+                               M: tl.constexpr, BM: tl.constexpr):
+        """One program per (batch, head): ``S [M, M]``, ``Z [M]`` in registers;
+        ``out_t = q_t S_t / (q_t . Z_t)``, storing the normaliser ``z [T]``; reads the initial
+        and writes the final ``(S, Z)``."""
+        pid = tl.program_id(0)
+        ms = tl.arange(0, BM)
+        mmask = ms < M
+        mm_mask = mmask[:, None] & mmask[None, :]
+        mm = ms[:, None] * M + ms[None, :]
+        s = tl.load(s_ptr + pid * M * M + mm, mask=mm_mask, other=0.0)
+        z = tl.load(zs_ptr + pid * M + ms, mask=mmask, other=0.0)
+        for t in range(T):
+            row = (pid * T + t) * M + ms
+            qt = tl.load(q_ptr + row, mask=mmask, other=0.0)
+            kt = tl.load(k_ptr + row, mask=mmask, other=0.0)
+            vt = tl.load(v_ptr + row, mask=mmask, other=0.0)
+            s += kt[:, None] * vt[None, :]
+            z += kt
+            norm = tl.sum(qt * z, axis=0)
+            inv = tl.where(norm > 0, 1.0 / tl.where(norm > 0, norm, 1.0), 0.0)
+            tl.store(out_ptr + row, tl.sum(qt[:, None] * s, axis=0) * inv, mask=mmask)
+            tl.store(z_ptr + pid * T + t, norm)
+        tl.store(s_ptr + pid * M * M + mm, s, mask=mm_mask)
+        tl.store(zs_ptr + pid * M + ms, z, mask=mmask)
+
+    @triton.jit
+    def linear_attn_bwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, z_ptr, g_ptr, s_ptr, zs_ptr,
+                               dq_ptr, dk_ptr, dv_ptr, T, M: tl.constexpr, BM: tl.constexpr):
+        """Backward of :func:`linear_attn_fwd_kernel` (the initial state is a constant).
+
+        With ``gn_t = g_t / z_t`` and ``gz_t = -<g_t, out_t> / z_t`` (0 where ``z_t = 0``):
+        ``dq_t = S_t gn_t + gz_t Z_t`` (forward in time), then backwards
+        ``dS = sum_{t>=tau} q_t gn_t^T``, ``dZ = sum_{t>=tau} gz_t q_t``,
+        ``dk_tau = dS v_tau + dZ``, ``dv_tau = dS^T k_tau``.
+        """
+        pid = tl.program_id(0)
+        ms = tl.arange(0, BM)
+        mmask = ms < M
+        mm_mask = mmask[:, None] & mmask[None, :]
+        s = tl.load(s_ptr + pid * M * M + ms[:, None] * M + ms[None, :], mask=mm_mask,
+                    other=0.0)
+        z = tl.load(zs_ptr + pid * M + ms, mask=mmask, other=0.0)
+        for t in range(T):
+            row = (pid * T + t) * M + ms
+            kt = tl.load(k_ptr + row, mask=mmask, other=0.0)
+            vt = tl.load(v_ptr + row, mask=mmask, other=0.0)
+            s += kt[:, None] * vt[None, :]
+            z += kt
+            norm = tl.load(z_ptr + pid * T + t)
+            inv = tl.where(norm > 0, 1.0 / tl.where(norm > 0, norm, 1.0), 0.0)
+            gt = tl.load(g_ptr + row, mask=mmask, other=0.0)
+            ot = tl.load(out_ptr + row, mask=mmask, other=0.0)
+            gz = -tl.sum(gt * ot, axis=0) * inv
+            tl.store(dq_ptr + row, tl.sum(s * (gt * inv)[None, :], axis=1) + gz * z,
+                     mask=mmask)
+        ds = tl.zeros((BM, BM), dtype=tl.float32)
+        dz = tl.zeros((BM,), dtype=tl.float32)
+        for i in range(T):
+            t = T - 1 - i
+            row = (pid * T + t) * M + ms
+            qt = tl.load(q_ptr + row, mask=mmask, other=0.0)
+            kt = tl.load(k_ptr + row, mask=mmask, other=0.0)
+            vt = tl.load(v_ptr + row, mask=mmask, other=0.0)
+            norm = tl.load(z_ptr + pid * T + t)
+            inv = tl.where(norm > 0, 1.0 / tl.where(norm > 0, norm, 1.0), 0.0)
+            gt = tl.load(g_ptr + row, mask=mmask, other=0.0)
+            ot = tl.load(out_ptr + row, mask=mmask, other=0.0)
+            gz = -tl.sum(gt * ot, axis=0) * inv
+            ds += qt[:, None] * (gt * inv)[None, :]
+            dz += gz * qt
+            tl.store(dk_ptr + row, tl.sum(ds * vt[None, :], axis=1) + dz, mask=mmask)
+            tl.store(dv_ptr + row, tl.sum(ds * kt[:, None], axis=0), mask=mmask)
+
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(torch.float32).contiguous()
@@ -540,6 +618,55 @@ def slot_read_ref(a: torch.Tensor, logits: torch.Tensor, v: torch.Tensor) -> tor
 def slot_scores_ref(x: torch.Tensor, logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Float64 reference of :func:`slot_scores_triton`: ``[B, H, T, K]``."""
     return torch.einsum("bhtd,bhtkd->bhtk", x.double(), slot_states_ref(logits, v))
+
+
+class _LinearAttention(torch.autograd.Function):
+    """Causal linear attention on the Triton kernels; the initial state is constant."""
+
+    @staticmethod
+    def forward(ctx, phi_q, phi_k, v, s0, z0):
+        b, h, t, mm = phi_q.shape
+        out = torch.empty((b, h, t, mm), device=v.device, dtype=torch.float32)
+        norm = torch.empty((b, h, t), device=v.device, dtype=torch.float32)
+        s, z = _flat(s0).clone(), _flat(z0).clone()
+        linear_attn_fwd_kernel[(b * h,)](_flat(phi_q), _flat(phi_k), _flat(v), out, norm, s, z,
+                                         t, M=mm, BM=triton.next_power_of_2(mm))
+        ctx.save_for_backward(phi_q, phi_k, v, out, norm, s0, z0)
+        ctx.mark_non_differentiable(s, z)
+        return out, s, z
+
+    @staticmethod
+    def backward(ctx, grad_out, *unused):
+        phi_q, phi_k, v, out, norm, s0, z0 = ctx.saved_tensors
+        b, h, t, mm = phi_q.shape
+        dq, dk, dv = (torch.empty((b, h, t, mm), device=v.device, dtype=torch.float32)
+                      for _ in range(3))
+        linear_attn_bwd_kernel[(b * h,)](
+            _flat(phi_q), _flat(phi_k), _flat(v), out, norm, _flat(grad_out), _flat(s0),
+            _flat(z0), dq, dk, dv, t, M=mm, BM=triton.next_power_of_2(mm))
+        return dq, dk, dv, None, None
+
+
+def causal_linear_attention_triton(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`causal_linear_attention_chunked` on Triton (float32, square ``M x M`` state).
+
+    Saves only the normalisers ``[B, H, T]`` and the output beside the inputs.
+    """
+    if triton is None:
+        raise RuntimeError("causal_linear_attention_triton needs the triton package")
+    b, h, _, mm = phi_q.shape
+    if v.shape[-1] != mm:
+        raise ValueError(f"the Triton kernel needs v of width {mm}, got {v.shape[-1]}")
+    if state is None:
+        state = (torch.zeros(b, h, mm, mm, device=v.device),
+                 torch.zeros(b, h, mm, device=v.device))
+    out, s, z = _LinearAttention.apply(phi_q, phi_k, v, state[0], state[1])
+    return out, (s, z)
 
 
 def asa_attend_triton(
