@@ -340,3 +340,16 @@ def test_half_life_by_hand():
         w = torch.softmax(logits[0, 0, 2:, s], dim=0).flip(0)
         expected = int((w.cumsum(0) >= 0.5).nonzero()[0]) + 1
         assert int(stats.slot_write_half_life[0, 0, s]) == expected
+
+
+def test_bfloat16_model_runs_with_float32_state_and_rejects_4d_masks():
+    model = tiny_model().to(torch.bfloat16)
+    ids = torch.randint(1, VOCAB, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    out = model(ids, attention_mask=mask, use_cache=True)
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.logits).all()
+    layer = out.past_key_values.layers[0]
+    assert layer.scan.num.dtype == torch.float32 and layer.slot_space[0].dtype == torch.float32
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, attention_mask=torch.ones(2, 1, 7, 7))

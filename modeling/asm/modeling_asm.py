@@ -110,7 +110,7 @@ class ASMCacheLayer:
         self.scan: ScanState | None = None
         self.slot_space: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def _apply(self, fn) -> None:
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         if self.scan is not None:
             self.scan = ScanState(fn(self.scan.m), fn(self.scan.den), fn(self.scan.num))
         if self.slot_space is not None:
@@ -542,6 +542,9 @@ class ASMModel(ASMPreTrainedModel):
                              f"{type(past_key_values).__name__}")
         if use_cache and past_key_values is None:
             past_key_values = ASMCache(self.config)
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError("attention_mask must be a [batch, length] padding mask, got shape "
+                             f"{tuple(attention_mask.shape)}")
         if attention_mask is None:
             valid = torch.ones(b, t, dtype=torch.bool, device=hidden.device)
         else:
