@@ -11,7 +11,7 @@ give Δ_target, non-target drift D and DAS = Δ_target − D against the plain m
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from .metrics import load_metric
 from .names import FACTORS, METHODS
 
 __all__ = ["CALIBRATION_PROMPTS", "METHODS", "TRAITS", "BigFiveConfig", "item_prompt",
-           "load_items", "run_bigfive", "score_answers"]
+           "load_items", "run_bigfive", "run_conditions", "score_answers", "summarize"]
 
 ITEMS_PATH = Path(__file__).parent / "data" / "ipip50.json"
 TRAITS = {
@@ -196,18 +196,25 @@ def _methods_for_trait(model, tokenizer, trait: str, config: BigFiveConfig,
     return methods
 
 
-def run_bigfive(model, tokenizer, config: BigFiveConfig) -> dict[str, Any]:
-    """Run the questionnaire for every (target trait, method); return the task's results."""
+Measure = Callable[[Method], tuple[dict[str, dict[str, float]], list[dict[str, Any]]]]
+
+
+def run_conditions(model, tokenizer, config: BigFiveConfig, measure: Measure,
+                   desc: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``measure`` plain once, then every (target trait, method); DAS against plain.
+
+    ``measure(method)`` returns trait scores per kind of reading (``{kind: {trait: score}}``)
+    and per-item outputs. Returns the runs and the calibration log (selected sites, methods).
+    """
     torch.manual_seed(config.seed)
-    items = load_items(config.limit)
     das_metric = load_metric("drift_adjusted_score")
     log: dict[str, Any] = {"selectors": {}, "methods": {}}
     conditions = [("plain", None)] + [(m, t) for t in config.traits for m in config.methods
                                       if m != "plain"]
     runs: list[dict[str, Any]] = []
     plain_scores: dict[str, dict[str, float]] = {}
-    progress = tqdm(conditions, desc="bigfive")
     methods: dict[str, Method] = {}
+    progress = tqdm(conditions, desc=desc)
     for name, trait in progress:
         progress.set_postfix_str(f"{name} {trait or ''}".strip())
         if name == "plain":
@@ -217,20 +224,32 @@ def run_bigfive(model, tokenizer, config: BigFiveConfig) -> dict[str, Any]:
                 methods = _methods_for_trait(model, tokenizer, trait, config, log)
                 log["methods"][trait] = {k: v.describe() for k, v in methods.items()}
             method = methods[name]
-        answers = answer_items(model, tokenizer, method, items, config.batch_size)
-        scores = {kind: score_answers(items, [a[kind] for a in answers])
-                  for kind in ("greedy", "expected")}
-        run = {"method": name, "target": trait, "scores": scores, "answers": answers}
+        scores, outputs = measure(method)
+        run = {"method": name, "target": trait, "scores": scores, "outputs": outputs}
         if name == "plain":
             plain_scores = scores
         else:
-            for kind in ("greedy", "expected"):
-                traits = list(scores[kind])
-                run.setdefault("das", {})[kind] = das_metric.compute(
-                    predictions=[scores[kind][t] for t in traits],
+            run["das"] = {}
+            for kind, values in scores.items():
+                traits = [t for t in FACTORS if t in values]
+                run["das"][kind] = das_metric.compute(
+                    predictions=[values[t] for t in traits],
                     references=[plain_scores[kind][t] for t in traits], traits=traits,
                     target=trait)
         runs.append(run)
+    return runs, log
+
+
+def run_bigfive(model, tokenizer, config: BigFiveConfig) -> dict[str, Any]:
+    """Run the questionnaire for every (target trait, method); return the task's results."""
+    items = load_items(config.limit)
+
+    def questionnaire(method: Method):
+        answers = answer_items(model, tokenizer, method, items, config.batch_size)
+        return ({kind: score_answers(items, [a[kind] for a in answers])
+                 for kind in ("greedy", "expected")}, answers)
+
+    runs, log = run_conditions(model, tokenizer, config, questionnaire, "bigfive")
     return {"runs": runs, "summary": summarize(runs), "calibration": log,
             "config": {k: v for k, v in asdict(config).items() if k != "extra"},
             "items": {"source": json.loads(ITEMS_PATH.read_text())["source"],
@@ -238,14 +257,14 @@ def run_bigfive(model, tokenizer, config: BigFiveConfig) -> dict[str, Any]:
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per method: mean Δ_target, drift and DAS over target traits (greedy and expected)."""
-    summary: dict[str, Any] = {}
+    """Per method and kind of reading: mean Δ_target, drift and DAS over target traits."""
+    summary: dict[str, dict[str, list]] = {}
     for run in runs:
         if run["method"] == "plain":
             continue
-        entry = summary.setdefault(run["method"], {"greedy": [], "expected": []})
-        for kind in ("greedy", "expected"):
-            entry[kind].append(run["das"][kind])
+        entry = summary.setdefault(run["method"], {})
+        for kind, das in run["das"].items():
+            entry.setdefault(kind, []).append(das)
     return {method: {kind: {metric: sum(r[metric] for r in rows) / len(rows)
                             for metric in ("delta_target", "drift", "das")}
                      for kind, rows in entry.items()}

@@ -47,18 +47,20 @@ def _load_model(name: str):
 
 def _eval(args: argparse.Namespace) -> None:
     from .bigfive import BigFiveConfig, run_bigfive
+    from .bigfive_generation import run_bigfive_generation
     from .kv_task import run_kv_footprint
     from .report import render_report
     from .runner import run_task
 
     model, tokenizer = _load_model(args.model)
     out = Path(args.out or f"results/{args.task}")
-    if args.task == "bigfive":
+    if args.task in ("bigfive", "bigfive-gen"):
         config = BigFiveConfig(methods=args.method, traits=args.traits, limit=args.limit,
                                top_layers=args.top_layers, bank_gain=args.gain,
                                caa_layer=args.caa_layer, caa_scale=args.caa_scale,
                                seed=args.seed)
-        path = run_task("bigfive", lambda: run_bigfive(model, tokenizer, config), model=model,
+        run = run_bigfive if args.task == "bigfive" else run_bigfive_generation
+        path = run_task(args.task, lambda: run(model, tokenizer, config), model=model,
                         config=vars(config), seed=args.seed, out=out)
     else:
         config = {"traits": args.traits, "top_layers": args.top_layers}
@@ -83,7 +85,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "eval", help="run an evaluation task and write results.json + report",
         description="Run a task (bigfive: IPIP-50 self-evaluation with DAS for each steering "
-                    "method; kv-footprint: banks vs visible prompt, eq. 10) and render its "
+                    "method; bigfive-gen: open-ended generations scored by the offline lexicon "
+                    "judge, GAS; kv-footprint: banks vs visible prompt, eq. 10) and render its "
                     "report (Markdown tables + PNG plots).")
     run.add_argument("task", choices=TASKS)
     run.add_argument("--method", type=_csv(METHODS), default=list(METHODS),
@@ -92,7 +95,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="comma-separated target traits (default: O,C,E,A,N)")
     run.add_argument("--model", default="default",
                      help="'default' (the embedded SmolLM2-135M-Instruct) or a local path")
-    run.add_argument("--limit", type=_limit, help="items per factor (1-10; default: all 10)")
+    run.add_argument("--limit", type=_limit,
+                     help="items per factor (bigfive) or prompts (bigfive-gen), 1-10")
     run.add_argument("--top-layers", type=int, default=5, help="selector layer budget m")
     run.add_argument("--gain", type=float, default=2.0, help="bank gain lambda")
     run.add_argument("--caa-layer", type=int, default=10)

@@ -6,4 +6,4 @@ __all__ = ["FACTORS", "METHODS", "TASKS"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
-TASKS = ("bigfive", "kv-footprint")
+TASKS = ("bigfive", "bigfive-gen", "kv-footprint")

@@ -56,7 +56,7 @@ def _bar_plot(das: dict[str, dict[str, float]], path: Path, title: str) -> None:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks([g + width * (len(methods) - 1) / 2 for g in range(len(groups))])
     ax.set_xticklabels([TRAIT_NAMES.get(g, "average") for g in groups], rotation=15)
-    ax.set_ylabel("DAS = Δ target − non-target drift")
+    ax.set_ylabel("Δ target − non-target drift (DAS / GAS)")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
@@ -113,19 +113,26 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
     task = record.get("task")
     if task == "kv-footprint":
         return _kv_report(record["results"], out, record)
-    if task != "bigfive":
+    if task not in ("bigfive", "bigfive-gen"):
         raise ValueError(f"{path} holds results of an unknown task {task!r}")
     results = record["results"]
     sections, paths = [], []
-    for kind in ("greedy", "expected"):
+    kinds = ("greedy", "expected") if task == "bigfive" else ("judge",)
+    title = "Big Five self-evaluation" if task == "bigfive" else "Big Five generation"
+    for kind in kinds:
         table, das = _bigfive_tables(results, kind)
         plot = out / f"bigfive_das_{kind}.png"
-        _bar_plot(das, plot, f"Big Five self-evaluation, {kind} answers "
-                             f"({record['model']['name_or_path']})")
+        _bar_plot(das, plot, f"{title}, {kind} scores ({record['model']['name_or_path']})")
         sections.append(f"{table}\n\n![DAS]({plot.name})")
         paths.append(plot)
-    header = (f"# Big Five self-evaluation\n\nModel `{record['model']['name_or_path']}`, "
-              f"{results['items']['count']} IPIP items, wall time {record['wall_time_s']:.0f} s, "
+    if task == "bigfive-gen":
+        judge = results["judge"]
+        coherence = ", ".join(f"{r['method']}{'/' + r['target'] if r['target'] else ''} "
+                              f"{r['coherence']:.2f}" for r in results["runs"])
+        sections.append(f"Judge `{judge['name']}` (validation accuracy "
+                        f"{judge['validation']['accuracy']:.2f}); coherence 1-5: {coherence}")
+    header = (f"# {title}\n\nModel `{record['model']['name_or_path']}`, "
+              f"{results['items']['count']} items, wall time {record['wall_time_s']:.0f} s, "
               f"git {record['environment']['git_sha']}.\n\nSelected sites per trait: "
               + "; ".join(f"{t}: layers {s['layers']}" for t, s in
                           results["calibration"]["selectors"].items()) + "\n")

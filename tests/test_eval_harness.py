@@ -109,8 +109,8 @@ def test_bigfive_smoke_run_end_to_end(tmp_path, capsys):
     assert conditions == {("plain", None)} | {(m, t) for m in ("prompt", "caa", "memory")
                                              for t in ("N", "E")}
     for run in results["runs"]:
-        assert len(run["answers"]) == 10
-        for answer in run["answers"]:
+        assert len(run["outputs"]) == 10
+        for answer in run["outputs"]:
             assert answer["greedy"] in range(1, 6) and 1 <= answer["expected"] <= 5
             assert abs(sum(answer["probs"]) - 1) < 1e-4
     assert set(results["calibration"]["selectors"]) == {"N", "E"}
@@ -131,3 +131,33 @@ def test_kv_footprint_task(tmp_path):
     assert target["actual_ratio"] == pytest.approx(30 / 5)
     assert both["bank_bytes"] > target["bank_bytes"]
     assert (tmp_path / "kv_footprint.png").is_file()
+
+
+def test_lexicon_judge_is_validated_and_scores_coherence():
+    from eval_harness.judges import LexiconJudge, validate_judge
+
+    judge = LexiconJudge()
+    report = validate_judge(judge)
+    assert report["accuracy"] >= 0.9, [r for r in report["rows"] if not r["correct"]]
+    neutral = judge.judge("", "The train leaves at noon from platform four.")
+    assert all(neutral[t] == 3.0 for t in FACTORS)
+    fluent = judge.judge("", "I plan my week on Sunday and then I follow the schedule.")
+    looping = judge.judge("", "I'm not sure. I'm not sure. I'm not sure. I'm not sure.")
+    assert fluent["coherence"] > looping["coherence"] + 1.5
+    assert 1.0 <= looping["coherence"] <= 5.0
+
+
+@pytest.mark.slow
+def test_bigfive_generation_smoke_run(tmp_path):
+    assert cli.main(["eval", "bigfive-gen", "--limit", "2", "--traits", "N",
+                     "--method", "plain,prompt,memory", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    validate_results(record)
+    runs = record["results"]["runs"]
+    assert [(r["method"], r["target"]) for r in runs] == [
+        ("plain", None), ("prompt", "N"), ("memory", "N")]
+    for run in runs:
+        assert len(run["outputs"]) == 2 and 1 <= run["coherence"] <= 5
+        assert all(o["response"] for o in run["outputs"])
+    assert set(record["results"]["summary"]) == {"prompt", "memory"}
+    assert "Judge `lexicon-v1`" in (tmp_path / "report.md").read_text()

@@ -1,0 +1,54 @@
+"""Big Five generation (memory-inception paper, appendix D.2) behind a pluggable judge.
+
+Each method, steered towards a target trait, answers open-ended held-out prompts; the judge
+scores every response on the five traits and coherence (1–5). Mean judged trait scores give
+Δ_target, non-target drift and GAS = Δ_target − D against the plain model, through the same
+``drift_adjusted_score`` metric as the questionnaire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from hf_memory import Method, generate_with
+
+from .bigfive import BigFiveConfig, run_conditions, summarize
+from .judges import Judge, LexiconJudge, validate_judge
+from .names import FACTORS
+
+__all__ = ["GENERATION_PROMPTS", "run_bigfive_generation"]
+
+GENERATION_PROMPTS = (
+    "Write a brief reply to a person feeling uncertain before an interview.",
+    "Describe how you would spend a free Saturday.",
+    "A friend forgot your birthday. What do you tell them?",
+    "Give advice to someone starting a new job.",
+    "How do you get ready for a long trip?",
+    "Describe your ideal evening.",
+)
+
+
+def run_bigfive_generation(model, tokenizer, config: BigFiveConfig, *,
+                           judge: Judge | None = None, max_new_tokens: int = 48,
+                           prompts: tuple[str, ...] = GENERATION_PROMPTS) -> dict[str, Any]:
+    """Generate, judge, and score every (target trait, method); return the task's results."""
+    judge = judge or LexiconJudge()
+    prompts = prompts[: config.limit] if config.limit else prompts
+
+    def generate_and_judge(method: Method):
+        responses = generate_with(method, model, tokenizer, list(prompts),
+                                  max_new_tokens=max_new_tokens)
+        judged = [judge.judge(p, r) for p, r in zip(prompts, responses, strict=True)]
+        outputs = [{"prompt": p, "response": r, "judgement": j}
+                   for p, r, j in zip(prompts, responses, judged, strict=True)]
+        return {"judge": {t: sum(j[t] for j in judged) / len(judged) for t in FACTORS}}, outputs
+
+    runs, log = run_conditions(model, tokenizer, config, generate_and_judge, "bigfive-gen")
+    for run in runs:
+        run["coherence"] = (sum(o["judgement"]["coherence"] for o in run["outputs"])
+                            / len(run["outputs"]))
+    return {"runs": runs, "summary": summarize(runs), "calibration": log,
+            "config": {k: v for k, v in asdict(config).items() if k != "extra"},
+            "judge": {"name": judge.name, "validation": validate_judge(judge)},
+            "items": {"source": "held-out open-ended prompts", "count": len(prompts)}}
