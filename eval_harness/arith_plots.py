@@ -30,7 +30,6 @@ __all__ = [
     "write_report",
 ]
 
-PHASE_THRESHOLD = 0.98
 _RATIO_MEASURES = ("fourier_num_frequencies",)
 
 
@@ -46,24 +45,35 @@ def load_log(path: str | os.PathLike) -> dict[str, Any]:
     return log
 
 
-def training_phases(history: list[dict[str, Any]], threshold: float = PHASE_THRESHOLD) -> dict:
-    """Ends of the three phases, as the first evaluation step where
+def training_phases(history: list[dict[str, Any]]) -> dict[str, int | None]:
+    """The three phases, each dated by the evaluation step that ends its steepest rise, each
+    searched after the previous phase's step:
 
-    1. ``0var/train`` reaches ``threshold`` (modular addition learned);
-    2. every pool that is not var-restricted reaches it (variable binding routes operands);
-    3. every pool reaches it (the restricted positions generalise).
+    1. ``addition``: of ``0var/train``;
+    2. ``binding``: of the mean of ``1var/train`` and ``2var/train``;
+    3. ``refinement``: of the mean of the var-restricted pools.
 
-    Missing phases are ``None``.
+    Threshold-free, so sampling noise of the evaluation pools does not move the marks. ``None``
+    where the pools are missing or never rise.
     """
-    def first(pred) -> int | None:
-        return next((h["step"] for h in history if pred(h["accuracy"])), None)
-
-    return {
-        "addition": first(lambda a: a["0var/train"] >= threshold),
-        "binding": first(lambda a: all(v >= threshold for k, v in a.items()
-                                       if "var_restricted" not in k and k != "novel_positions")),
-        "refinement": first(lambda a: all(v >= threshold for v in a.values())),
+    groups = {
+        "addition": ["0var/train"],
+        "binding": ["1var/train", "2var/train"],
+        "refinement": [k for k in history[0]["accuracy"] if "var_restricted" in k],
     }
+    phases: dict[str, int | None] = {}
+    after = -1
+    for phase, names in groups.items():
+        if not names or any(n not in history[0]["accuracy"] for n in names):
+            phases[phase] = None
+            continue
+        curve = [sum(h["accuracy"][n] for n in names) / len(names) for h in history]
+        rises = [(curve[i] - curve[i - 1], history[i]["step"]) for i in range(1, len(curve))
+                 if history[i - 1]["step"] >= after]
+        best = max(rises, default=(0.0, None))
+        phases[phase] = best[1] if best[0] > 0 else None
+        after = best[1] if best[0] > 0 else after
+    return phases
 
 
 def _mark_phases(ax, history: list[dict[str, Any]]) -> None:

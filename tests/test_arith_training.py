@@ -95,12 +95,13 @@ def test_sweep_figure_needs_two_settings(tiny_run, tmp_path):
 def test_training_phases():
     def entry(step, zero, binding, restricted):
         return {"step": step, "accuracy": {"0var/train": zero, "1var/train": binding,
-                                           "1var/var_restricted": restricted,
-                                           "novel_positions": restricted}}
-    history = [entry(0, 0.1, 0.1, 0.1), entry(10, 0.99, 0.5, 0.1), entry(20, 1.0, 0.99, 0.5),
-               entry(30, 1.0, 1.0, 0.99)]
+                                           "2var/train": binding,
+                                           "1var/var_restricted": restricted}}
+    history = [entry(0, 0.1, 0.1, 0.1), entry(10, 0.99, 0.3, 0.1), entry(20, 1.0, 0.9, 0.2),
+               entry(30, 1.0, 0.95, 0.9), entry(40, 0.97, 0.99, 0.97)]
     assert training_phases(history) == {"addition": 10, "binding": 20, "refinement": 30}
-    assert training_phases(history[:2]) == {"addition": 10, "binding": None, "refinement": None}
+    flat = [entry(0, 0.5, 0.5, 0.5), entry(10, 0.5, 0.4, 0.5)]
+    assert training_phases(flat) == {"addition": None, "binding": None, "refinement": None}
 
 
 def test_cli_train_and_report(tmp_path, capsys):
