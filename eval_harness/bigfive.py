@@ -89,6 +89,7 @@ class BigFiveConfig:
     limit: int | None = None
     top_layers: int = 5
     top_units: int = 1
+    memory_layers: Sequence[int] | None = None
     bank_gain: float = 2.0
     bank_template: str = "{text}"
     gamma: float = 1.0
@@ -186,13 +187,18 @@ def _methods_for_trait(model, tokenizer, trait: str, config: BigFiveConfig,
             MemoryBank.from_text(model, tokenizer, opposite, role="reference", name=f"{trait}-",
                                  template=config.bank_template, gain=config.bank_gain),
         ], model=model, gamma=config.gamma)
-        selector = Selector.calibrate(model, tokenizer, banks, list(CALIBRATION_PROMPTS),
-                                      top_layers=config.top_layers, top_units=config.top_units,
-                                      progress=False)
-        log["selectors"][trait] = {"layers": selector.layers,
-                                   "units": {str(k): v for k, v in selector.units.items()},
-                                   "unit_type": selector.unit_type}
-        methods["memory"] = MemoryMethod(banks, selector)
+        if config.memory_layers is not None:
+            log["selectors"][trait] = {"layers": list(config.memory_layers), "units": "all",
+                                       "unit_type": "head"}
+            methods["memory"] = MemoryMethod(banks, layers=list(config.memory_layers))
+        else:
+            selector = Selector.calibrate(model, tokenizer, banks, list(CALIBRATION_PROMPTS),
+                                          top_layers=config.top_layers,
+                                          top_units=config.top_units, progress=False)
+            log["selectors"][trait] = {"layers": selector.layers,
+                                       "units": {str(k): v for k, v in selector.units.items()},
+                                       "unit_type": selector.unit_type}
+            methods["memory"] = MemoryMethod(banks, selector)
     return methods
 
 

@@ -27,6 +27,15 @@ def _limit(text: str) -> int:
     return value
 
 
+def _layer_spec(text: str) -> list[int]:
+    from hf_memory.demo import parse_layers
+
+    try:
+        return parse_layers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _load_model(name: str):
     from hf_memory import load_default_model
 
@@ -57,6 +66,7 @@ def _eval(args: argparse.Namespace) -> None:
     if args.task in ("bigfive", "bigfive-gen"):
         config = BigFiveConfig(methods=args.method, traits=args.traits, limit=args.limit,
                                top_layers=args.top_layers, bank_gain=args.gain,
+                               memory_layers=args.memory_layers,
                                caa_layer=args.caa_layer, caa_scale=args.caa_scale,
                                seed=args.seed)
         run = run_bigfive if args.task == "bigfive" else run_bigfive_generation
@@ -98,6 +108,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--limit", type=_limit,
                      help="items per factor (bigfive) or prompts (bigfive-gen), 1-10")
     run.add_argument("--top-layers", type=int, default=5, help="selector layer budget m")
+    run.add_argument("--memory-layers", type=_layer_spec, metavar="SPEC",
+                     help="steer these layers (all heads) instead of calibrating a selector")
     run.add_argument("--gain", type=float, default=2.0, help="bank gain lambda")
     run.add_argument("--caa-layer", type=int, default=10)
     run.add_argument("--caa-scale", type=float, default=2.0)

@@ -11,7 +11,9 @@ its evidence β_b; the output is o* = Σ_b π_b o_b with π = softmax(β). With 
 A target bank without a reference bank gets gate 1 (c_+ = ρ_ℓ λ_+), and vice versa. Without size
 normalisation the log-means become log-sums (plain concatenated attention, eq. 2, when all c = 0).
 This equals one softmax over the concatenated keys with bias c_b − log M_b on bank b's columns
-and −log T_t on the prompt's (appendix G.1); the tests check it that way.
+and −log T_t on the prompt's (appendix G.1), which is how it is computed here (one score
+matrix, one softmax, two reads: few kernel launches per decode step); the tests check it
+against an independent repeat-KV implementation of that softmax.
 
 Grouped-query attention is computed per KV group: queries ``[B, KVH, G, T, D]`` against keys
 ``[B, KVH, S, D]`` and bank slots ``[KVH, M, D]``; KV heads are never repeated.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PreparedBank", "bank_mixture", "visible_keys"]
+__all__ = ["BankStack", "PreparedBank", "bank_mixture", "visible_keys"]
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,70 @@ class PreparedBank:
     post_rope_query: bool = False
 
 
+@dataclass(frozen=True)
+class BankStack:
+    """The banks of one steered layer, concatenated along slots, with their static biases.
+
+    Attributes:
+        keys, values: ``[KVH, M_total, D]``.
+        bias: per slot column, the part of c_b − log M_b known before any query: −log M_b (when
+            size-normalised) plus ρ·λ for auxiliary banks and for a target or reference bank
+            without its counterpart.
+        post_columns: ``[M_total]`` bool, slots scored with the post-RoPE query (None: none).
+        column_bank: ``[M_total]`` the bank index of each column (for routing masses).
+        gate: ``(target slice, reference slice, ρλ₊, ρλ₋, log M₊, log M₋)`` when both a target
+            and a reference bank are present (their gains depend on the query, eq. 8–9).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    bias: torch.Tensor
+    post_columns: torch.Tensor | None
+    column_bank: torch.Tensor
+    gate: tuple | None
+    num_banks: int
+
+    @classmethod
+    def of(cls, banks: list[PreparedBank], *, rho: float, size_normalize: bool) -> BankStack:
+        roles = [bank.role for bank in banks]
+        contrastive = "target" in roles and "reference" in roles
+        sizes = [bank.keys.shape[1] for bank in banks]
+        starts = [sum(sizes[:i]) for i in range(len(banks))]
+        keys = torch.cat([bank.keys for bank in banks], dim=1)
+        bias = torch.empty(sum(sizes), dtype=keys.dtype, device=keys.device)
+        gate = [None, None, 0.0, 0.0, 0.0, 0.0]
+        for i, bank in enumerate(banks):
+            columns = slice(starts[i], starts[i] + sizes[i])
+            log_size = math.log(sizes[i])
+            static = -log_size if size_normalize else 0.0
+            if bank.role == "auxiliary" or not contrastive:
+                sign = -1.0 if bank.role == "reference" else 1.0
+                static += sign * rho * bank.gain
+            else:
+                slot = 0 if bank.role == "target" else 1
+                gate[slot], gate[2 + slot], gate[4 + slot] = columns, rho * bank.gain, log_size
+            bias[columns] = static
+        post = torch.cat([torch.full((n,), bank.post_rope_query, device=keys.device)
+                          for bank, n in zip(banks, sizes, strict=True)])
+        column_bank = torch.cat([torch.full((n,), i, device=keys.device)
+                                 for i, n in enumerate(sizes)])
+        return cls(keys=keys, values=torch.cat([bank.values for bank in banks], dim=1),
+                   bias=bias, post_columns=post if post.any() else None,
+                   column_bank=column_bank, gate=tuple(gate) if contrastive else None,
+                   num_banks=len(banks))
+
+
 def visible_keys(
     attention_mask: torch.Tensor | None, q_len: int, kv_len: int, device: torch.device
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """Boolean visibility ``[B|1, 1|H, T, S]`` from whatever mask the stock model passed.
 
-    ``None`` means a causal mask with no padding (SDPA's skip), aligned to the last key;
-    a boolean mask is True where attending; a float mask is additive (0 keeps).
+    ``None`` from the model means a causal mask with no padding (SDPA's skip), aligned to the
+    last key; a boolean mask is True where attending; a float mask is additive (0 keeps).
+    Returns None when every key is visible (a single query with no mask: plain decoding).
     """
+    if attention_mask is None and q_len == 1:
+        return None
     if attention_mask is None:
         rows = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
         return (torch.arange(kv_len, device=device)[None, :] <= rows)[None, None]
@@ -71,89 +129,84 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.view(b, kv_heads, h // kv_heads, t, d)
 
 
-def _masked_softmax_read(scores: torch.Tensor, values: torch.Tensor, equation: str):
-    """Log-sum-exp over the last axis and the softmax-weighted read; all-masked rows give 0."""
-    lse = torch.logsumexp(scores, dim=-1)
-    finite = torch.isfinite(lse)
-    weights = torch.exp(scores - torch.where(finite, lse, 0.0)[..., None])
-    weights = torch.where(finite[..., None], weights, 0.0)
-    return lse, torch.einsum(equation, weights, values)
-
-
 def bank_mixture(
     q_pre: torch.Tensor,
     q_post: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     visible: torch.Tensor,
-    banks: list[PreparedBank],
+    stack: BankStack,
     *,
     scaling: float,
-    rho: float = 1.0,
     gamma: float = 1.0,
     size_normalize: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_routing: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Steered attention output for every query head, in the banks' compute dtype.
 
-    The compute dtype is float32 for half-precision and float32 models, float64 for float64
-    models: exact whatever the model dtype.
+    Computed as one softmax over [prompt keys ; bank slots] with bias −log T_t on the prompt
+    columns and c_b − log M_b on bank b's (appendix G.1), which equals the bank-level mixture
+    o* = Σ_b π_b o_b. The compute dtype is float32 for half-precision and float32 models,
+    float64 for float64 models.
 
     Args:
         q_pre: pre-RoPE queries ``[B, H, T, D]``.
         q_post: post-RoPE queries ``[B, H, T, D]`` (what the stock attention receives).
         key, value: prompt/history keys and values ``[B, KVH, S, D]`` (keys post-RoPE).
-        visible: boolean ``[B|1, 1|H, T, S]``.
-        banks: the memory banks at this layer (may be empty).
+        visible: boolean ``[B|1, 1|H, T, S]``, or None when every key is visible.
+        stack: the banks at this layer (:meth:`BankStack.of`, which holds ρ_ℓ and the gains).
         scaling: the model's score scale (1/√D).
-        rho, gamma: layer gain ρ_ℓ and gate sharpness γ.
-        size_normalize: subtract log T_t / log M_b from the evidence (eq. 5, 9).
+        gamma: gate sharpness γ.
+        size_normalize: subtract log T_t from the prompt evidence (eq. 9); the banks' −log M_b
+            is part of ``stack.bias``.
+        with_routing: also return the routing masses π.
 
     Returns:
-        ``(output [B, H, T, D], routing [B, H, T, 1 + len(banks)])``: the mixed output and the
-        routing mass π of the prompt bank followed by each memory bank.
+        ``(output [B, H, T, D], routing [B, H, T, 1 + n_banks] or None)``: column 0 of the
+        routing is the prompt bank, column 1 + i the i-th bank.
     """
     kv_heads = key.shape[1]
     batch, heads, q_len, _ = q_post.shape
-    dtype = torch.promote_types(q_post.dtype, torch.float32)
-    qx = _grouped(q_post.to(dtype), kv_heads)
-    scores = torch.einsum("bkgtd,bksd->bkgts", qx, key.to(dtype)) * scaling
-    if visible.shape[1] == 1:
-        mask = visible[:, :, None]
+    dtype = stack.keys.dtype
+    qx = _grouped(q_post.to(dtype), kv_heads) * scaling
+    prompt = qx @ key.to(dtype)[:, :, None].transpose(-1, -2)
+    if visible is None:
+        if size_normalize:
+            prompt = prompt - math.log(key.shape[2])
     else:
-        mask = visible.reshape(visible.shape[0], kv_heads, -1, *visible.shape[-2:])
-    scores = scores.masked_fill(~mask, float("-inf"))
-    lse_x, out_x = _masked_softmax_read(scores, value.to(dtype), "bkgts,bksd->bkgtd")
-    if size_normalize:
-        count = mask.sum(dim=-1).expand_as(lse_x)
-        beta_x = torch.where(count > 0, lse_x - count.clamp(min=1).to(dtype).log(), -math.inf)
-    else:
-        beta_x = lse_x
-
-    evidence, outputs, log_means = [beta_x], [out_x], []
-    for bank in banks:
-        query = qx if bank.post_rope_query else _grouped(q_pre.to(dtype), kv_heads)
-        s = torch.einsum("bkgtd,kmd->bkgtm", query, bank.keys) * scaling
-        lse, out = _masked_softmax_read(s, bank.values, "bkgtm,kmd->bkgtd")
-        log_mean = lse - math.log(bank.keys.shape[1])
-        log_means.append(log_mean)
-        outputs.append(out)
-        evidence.append(log_mean if size_normalize else lse)
-
-    roles = [bank.role for bank in banks]
-    gap = None
-    if "target" in roles and "reference" in roles:
-        gap = log_means[roles.index("target")] - log_means[roles.index("reference")]
-    for i, bank in enumerate(banks):
-        if bank.role == "target":
-            gate = 1.0 if gap is None else torch.sigmoid(gamma * gap)
-            evidence[i + 1] = evidence[i + 1] + rho * bank.gain * gate
-        elif bank.role == "reference":
-            gate = 1.0 if gap is None else torch.sigmoid(-gamma * gap)
-            evidence[i + 1] = evidence[i + 1] - rho * bank.gain * gate
+        if visible.shape[1] == 1:
+            mask = visible[:, :, None]
         else:
-            evidence[i + 1] = evidence[i + 1] + rho * bank.gain
+            mask = visible.reshape(visible.shape[0], kv_heads, -1, *visible.shape[-2:])
+        prompt = prompt.masked_fill(~mask, float("-inf"))
+        if size_normalize:
+            prompt = prompt - mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype).log()
 
-    routing = torch.softmax(torch.stack(evidence, dim=-1), dim=-1)
-    mixed = torch.einsum("bkgtn,nbkgtd->bkgtd", routing, torch.stack(outputs))
-    return (mixed.reshape(batch, heads, q_len, -1),
-            routing.reshape(batch, heads, q_len, len(evidence)))
+    slot_keys = stack.keys[None, :, None].transpose(-1, -2)
+    if stack.post_columns is None or not bool(stack.post_columns.all()):
+        raw = (_grouped(q_pre.to(dtype), kv_heads) * scaling) @ slot_keys
+        if stack.post_columns is not None:
+            raw = torch.where(stack.post_columns, qx @ slot_keys, raw)
+    else:
+        raw = qx @ slot_keys
+    slots = raw + stack.bias
+    if stack.gate is not None:
+        target, reference, target_gain, reference_gain, log_target, log_reference = stack.gate
+        gap = ((torch.logsumexp(raw[..., target], -1) - log_target)
+               - (torch.logsumexp(raw[..., reference], -1) - log_reference))
+        adjust = torch.zeros_like(slots)
+        adjust[..., target] = (target_gain * torch.sigmoid(gamma * gap))[..., None]
+        adjust[..., reference] = -(reference_gain * torch.sigmoid(-gamma * gap))[..., None]
+        slots = slots + adjust
+
+    weights = torch.softmax(torch.cat([prompt, slots], dim=-1), dim=-1)
+    span = key.shape[2]
+    mixed = (weights[..., :span] @ value.to(dtype)[:, :, None]
+             + weights[..., span:] @ stack.values[None, :, None])
+    routing = None
+    if with_routing:
+        per_bank = weights.new_zeros(*weights.shape[:-1], stack.num_banks)
+        per_bank.index_add_(-1, stack.column_bank, weights[..., span:])
+        routing = torch.cat([weights[..., :span].sum(-1, keepdim=True), per_bank], dim=-1)
+        routing = routing.reshape(batch, heads, q_len, -1)
+    return mixed.reshape(batch, heads, q_len, -1), routing

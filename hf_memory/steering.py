@@ -26,7 +26,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .adapters import get_adapter, head_dim
 from .bank_set import BankSet
 from .banks import MemoryBank
-from .mixture import PreparedBank, bank_mixture, visible_keys
+from .mixture import BankStack, PreparedBank, bank_mixture, visible_keys
 
 __all__ = ["SteeringHandle", "steer", "steered_generate"]
 
@@ -42,8 +42,7 @@ class SiteState:
     """What one steered attention layer needs at call time."""
 
     heads: torch.Tensor
-    banks: list[PreparedBank]
-    rho: float
+    stack: BankStack | None
     gamma: float
     size_normalize: bool
     all_heads: bool = False
@@ -65,7 +64,7 @@ def _steered_attention(base_name: str):
                   **kwargs):
         base = _base_attention(base_name, module)
         site: SiteState | None = getattr(module, SITE_ATTR, None)
-        if site is None or not site.banks:
+        if site is None or site.stack is None:
             return base(module, query, key, value, attention_mask, scaling=scaling,
                         dropout=dropout, **kwargs)
         q_pre, site.query = site.query, None
@@ -73,9 +72,9 @@ def _steered_attention(base_name: str):
             raise RuntimeError("steered attention ran without its pre-RoPE query hook")
         visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
         mixed, routing = bank_mixture(
-            q_pre, query, key, value, visible, site.banks,
-            scaling=module.scaling if scaling is None else scaling,
-            rho=site.rho, gamma=site.gamma, size_normalize=site.size_normalize)
+            q_pre, query, key, value, visible, site.stack,
+            scaling=module.scaling if scaling is None else scaling, gamma=site.gamma,
+            size_normalize=site.size_normalize, with_routing=site.record_routing)
         if site.record_routing:
             site.routing.append(routing[:, site.heads].detach())
         if site.trace_only:
@@ -233,12 +232,15 @@ class SteeringHandle:
         for layer, heads in self.sites.items():
             prepared = [_prepare(bank, bank.layer_index(layer), rotary, device, dtype)
                         for bank in bank_set.banks if bank.layer_index(layer) is not None]
+            rho = float(gains.get(layer, gains.get(str(layer), 1.0)))
+            size_normalize = bank_set.size_normalize if normalize is None else normalize
             site = SiteState(
-                heads=torch.tensor(heads, device=device, dtype=torch.long), banks=prepared,
+                heads=torch.tensor(heads, device=device, dtype=torch.long),
+                stack=BankStack.of(prepared, rho=rho, size_normalize=size_normalize)
+                if prepared else None,
                 all_heads=len(heads) == self._heads,
-                rho=float(gains.get(layer, gains.get(str(layer), 1.0))),
                 gamma=bank_set.gamma if gamma is None else float(gamma),
-                size_normalize=bank_set.size_normalize if normalize is None else normalize,
+                size_normalize=size_normalize,
                 record_routing=self._record_routing, trace_only=self._trace_only)
             self._attach(layer, site)
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
@@ -299,7 +301,8 @@ class SteeringHandle:
     @property
     def active_sites(self) -> dict[int, list[int]]:
         """Steered layers → query heads, for layers where at least one bank applies."""
-        return {layer: heads for layer, heads in self.sites.items() if self._sites[layer].banks}
+        return {layer: heads for layer, heads in self.sites.items()
+                if self._sites[layer].stack is not None}
 
     def record_routing(self, enabled: bool = True) -> None:
         """Keep the routing mass π of every steered forward pass (see :meth:`routing`).
