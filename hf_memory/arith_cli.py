@@ -5,29 +5,9 @@ from __future__ import annotations
 import argparse
 
 from .cli import CLIError
+from .cli_types import non_negative, positive_int, unit_interval
 
 __all__ = ["add_arith_parsers"]
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -74,31 +54,31 @@ def add_arith_parsers(commands: argparse._SubParsersAction) -> None:
                     "every pool and the progress measures as it goes; writes OUT/log.json, "
                     "checkpoints and OUT/final (a save_pretrained directory).")
     train.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    train.add_argument("--steps", type=_count, default=30_000, metavar="N")
-    train.add_argument("--batch-size", type=_count, default=512, metavar="N")
+    train.add_argument("--steps", type=positive_int, default=30_000, metavar="N")
+    train.add_argument("--batch-size", type=positive_int, default=512, metavar="N")
     train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--eval-every", type=_count, default=500, metavar="N",
+    train.add_argument("--eval-every", type=positive_int, default=500, metavar="N",
                        help="evaluate pools and progress measures every N steps (default 500)")
-    train.add_argument("--pool-size", type=_count, default=1024, metavar="N",
+    train.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                        help="sequences per evaluation pool during training (default 1024)")
-    train.add_argument("--final-pool-size", type=_count, default=8192, metavar="N")
+    train.add_argument("--final-pool-size", type=positive_int, default=8192, metavar="N")
     train.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                        help="save a checkpoint every N steps (default 0: final only)")
-    train.add_argument("--held-out-fraction", type=_fraction, default=0.3, metavar="F",
+    train.add_argument("--held-out-fraction", type=unit_interval, default=0.3, metavar="F",
                        help="share of addition pairs never trained on (default 0.3; the "
                             "paper's f is 1 - F)")
-    train.add_argument("--two-var-ratio", type=_non_negative, default=1.0, metavar="R",
+    train.add_argument("--two-var-ratio", type=non_negative, default=1.0, metavar="R",
                        help="r: frequency of 2-var sequences relative to 0-var (default 1)")
-    train.add_argument("--one-var-ratio", type=_non_negative, default=1.0, metavar="R",
+    train.add_argument("--one-var-ratio", type=non_negative, default=1.0, metavar="R",
                        help="frequency of 1-var sequences relative to 0-var (default 1)")
     train.add_argument("--split-seed", type=int, default=0, metavar="S",
                        help="seed of the held-out pair choice")
     train.add_argument("--seed", type=int, default=0, metavar="S")
-    train.add_argument("--hidden-size", type=_count, default=128, metavar="D")
-    train.add_argument("--head-dim", type=_count, default=128, metavar="D")
-    train.add_argument("--intermediate-size", type=_count, default=512, metavar="D")
-    train.add_argument("--heads", type=_count, default=1, metavar="H")
-    train.add_argument("--threads", type=_count, default=None, metavar="N",
+    train.add_argument("--hidden-size", type=positive_int, default=128, metavar="D")
+    train.add_argument("--head-dim", type=positive_int, default=128, metavar="D")
+    train.add_argument("--intermediate-size", type=positive_int, default=512, metavar="D")
+    train.add_argument("--heads", type=positive_int, default=1, metavar="H")
+    train.add_argument("--threads", type=positive_int, default=None, metavar="N",
                        help="torch threads (use 1 on a shared machine)")
     train.add_argument("--bf16", action="store_true",
                        help="bf16 autocast for the forward pass (slower on CPUs without bf16)")

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .cli_types import non_negative, positive_int
 from .demo import DEFAULT_GAIN, DEFAULT_LAYERS, DEFAULT_PERSONA, DEFAULT_PROMPTS, parse_layers
 
 __all__ = ["build_parser", "main"]
@@ -50,19 +51,6 @@ def _layers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _gain(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
 
 def build_parser() -> argparse.ArgumentParser:
     from eval_harness.cli import add_eval_parsers
@@ -91,11 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="an opposite descriptor for a contrastive reference bank")
     demo.add_argument("--layers", type=_layers, default=DEFAULT_LAYERS, metavar="SPEC",
                       help=f"steered layers, e.g. 18-22 or 3,5,9-10 (default: {DEFAULT_LAYERS})")
-    demo.add_argument("--gain", type=_gain, default=DEFAULT_GAIN,
+    demo.add_argument("--gain", type=non_negative, default=DEFAULT_GAIN,
                       help=f"bank gain lambda (default: {DEFAULT_GAIN})")
     demo.add_argument("--prompt", action="append", metavar="TEXT",
                       help="a prompt to answer (repeatable; default: two built-in prompts)")
-    demo.add_argument("--max-new-tokens", type=_positive_int, default=40, metavar="N",
+    demo.add_argument("--max-new-tokens", type=positive_int, default=40, metavar="N",
                       help="tokens to generate per answer (default: 40)")
     demo.set_defaults(handler=_demo)
     add_analyze_ffn_parser(commands)

