@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -15,6 +11,7 @@ from transformers import AutoConfig, AutoModel
 
 import modeling
 from modeling.arith import ArithConfig, ArithTransformer
+from tests.remote_code import assert_remote_code_load_is_exact
 
 
 def tiny_config(**overrides) -> ArithConfig:
@@ -140,20 +137,5 @@ def test_save_pretrained_round_trip_is_bit_exact(tmp_path):
 
 def test_auto_model_with_remote_code_offline_in_a_subprocess(tmp_path):
     model = ArithTransformer(tiny_config()).eval()
-    model.save_pretrained(tmp_path / "ckpt")
     ids = torch.randint(0, 74, (3, 16))
-    torch.save({"ids": ids, "logits": model(ids).logits.detach()}, tmp_path / "expected.pt")
-    script = textwrap.dedent(f"""
-        import torch
-        from transformers import AutoModel
-        model = AutoModel.from_pretrained({str(tmp_path / "ckpt")!r}, trust_remote_code=True)
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        expected = torch.load({str(tmp_path / "expected.pt")!r})
-        assert torch.equal(model.eval()(expected["ids"]).logits, expected["logits"])
-        print("OK", type(model).__name__)
-    """)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "OK ArithTransformer" in result.stdout
+    assert assert_remote_code_load_is_exact(model, ids, tmp_path) == "ArithTransformer"

@@ -4,10 +4,6 @@ refinement interventions and statistics."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -16,6 +12,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 import modeling
 from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM, ASMModel, RefinementStats
 from modeling.asm.modeling_asm import _rotate, alibi_slopes
+from tests.remote_code import assert_remote_code_load_is_exact
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 VOCAB = 61
@@ -218,24 +215,9 @@ def test_save_pretrained_round_trip(tmp_path):
 
 def test_auto_model_with_remote_code_offline_in_a_subprocess(tmp_path):
     model = tiny_model()
-    model.save_pretrained(tmp_path / "ckpt")
     ids = torch.randint(0, VOCAB, (2, 9))
-    torch.save({"ids": ids, "logits": model(ids).logits.detach()}, tmp_path / "expected.pt")
-    script = textwrap.dedent(f"""
-        import torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / "ckpt")!r},
-                                                     trust_remote_code=True)
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        expected = torch.load({str(tmp_path / "expected.pt")!r})
-        assert torch.equal(model.eval()(expected["ids"]).logits, expected["logits"])
-        print("OK", type(model).__name__)
-    """)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "OK ASMForCausalLM" in result.stdout
+    assert assert_remote_code_load_is_exact(
+        model, ids, tmp_path, auto_class="AutoModelForCausalLM") == "ASMForCausalLM"
 
 
 def layer_outputs(model: ASMForCausalLM, mode: str, beta: float = 1.0) -> torch.Tensor:
