@@ -101,16 +101,25 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _prepare(bank: MemoryBank, row: int, rotary: nn.Module, device, dtype) -> PreparedBank:
-    """Scoring keys for one bank at one layer: canonical, or rotated by phase / position."""
+    """Scoring keys for one bank at one layer: canonical, or rotated by phase / position.
+
+    The rotary map of the model multiplies queries and keys by its ``attention_scaling`` a, so
+    prompt scores carry a²; bank scores are given the same factor: slots placed at absolute
+    positions meet the post-RoPE query (a) with rotated keys (a); canonical and phase-rotated
+    slots meet the pre-RoPE query, so their keys carry a² themselves.
+    """
     keys = bank.keys[row].to(device=device, dtype=dtype)
     values = bank.values[row].to(device=device, dtype=dtype)
-    scale = float(getattr(rotary, "attention_scaling", 1.0))
+    zero = torch.zeros(1, 1, dtype=torch.long, device=device)
+    scale = rotary(keys, zero)[0][0, 0, 0]  # a, rounded exactly as the model's rotary rounds it
     offsets = bank.positions if bank.positions is not None else bank.phases
     if offsets is None:
-        keys = keys * scale
+        keys = keys * scale**2
     else:
         cos, sin = rotary(keys, offsets.to(device=device)[None])
         keys = keys * cos[0] + _rotate_half(keys) * sin[0]
+        if bank.positions is None:
+            keys = keys * scale
     return PreparedBank(bank.role, keys, values, bank.gain,
                         post_rope_query=bank.positions is not None)
 

@@ -25,6 +25,8 @@ from tests.tiny_models import FAMILIES, tiny_model
 FAMILY_IDS = list(FAMILIES)
 KVH, HEADS, D, LAYERS = 2, 4, 16, 3
 TOL = dict(rtol=1e-10, atol=1e-10)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "rope_theta": 10000.0}  # attention_scaling != 1
 
 
 def random_bank(name, role, slots, *, layers=(0, 1, 2), gain=1.0, seed=0, **extra):
@@ -208,9 +210,10 @@ def test_kv_group_unit_equals_its_query_heads():
 # -- a bank made of a prefix's own K/V, placed at its positions, reproduces running P + S
 
 
-@pytest.mark.parametrize("family", FAMILY_IDS)
-def test_prefix_bank_at_its_positions_reproduces_the_full_sequence(family):
-    model = tiny_model(family)
+@pytest.mark.parametrize("family, rope", [(f, None) for f in FAMILY_IDS] + [("llama", YARN)],
+                         ids=[*FAMILY_IDS, "llama-yarn-scaled-rope"])
+def test_prefix_bank_at_its_positions_reproduces_the_full_sequence(family, rope):
+    model = tiny_model(family, **({"rope_parameters": rope} if rope else {}))
     prefix, suffix = token_ids(1, 7, seed=3), token_ids(1, 5, seed=4)
     full = model(torch.cat([prefix, suffix], dim=1)).logits[:, prefix.shape[1]:]
     keys, values = capture_kv(model, prefix, range(LAYERS))
@@ -223,8 +226,10 @@ def test_prefix_bank_at_its_positions_reproduces_the_full_sequence(family):
     assert not torch.allclose(model(suffix, position_ids=positions).logits, full, atol=1e-3)
 
 
-def test_relative_phase_zero_equals_canonical():
-    model = tiny_model("llama")
+@pytest.mark.parametrize("rope", [None, YARN], ids=["default-rope", "yarn-scaled-rope"])
+def test_relative_phase_zero_equals_canonical(rope):
+    model = tiny_model("llama", **({"rope_parameters": rope} if rope else {}))
+    assert (model.model.rotary_emb.attention_scaling != 1.0) == (rope is not None)
     plain = random_bank("t", "target", 4)
     phased = random_bank("t", "target", 4, phases=torch.zeros(4))
     ids = token_ids()
