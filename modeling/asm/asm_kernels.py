@@ -326,6 +326,16 @@ except ImportError:  # the PyTorch forms above need no Triton
 if triton is not None:
 
     @triton.jit
+    def _scan_step(m, den, num, lg, vt):
+        """One token of the running log-sum-exp slot scan: ``(m, den, num)`` updated with the
+        token's write logits ``lg [K]`` and value ``vt [D]``; also returns the finite max."""
+        c = tl.maximum(m, lg)
+        c_safe = tl.where(c == float("-inf"), 0.0, c)
+        carry = tl.exp(m - c_safe)
+        e = tl.exp(lg - c_safe)
+        return c, den * carry + e, num * carry[:, None] + e[:, None] * vt[None, :], c_safe
+
+    @triton.jit
     def slot_scan_fwd_kernel(logits_ptr, v_ptr, w_ptr, out_ptr, lse_ptr, m_ptr, den_ptr, num_ptr,
                              T, K: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
                              BD: tl.constexpr, READ: tl.constexpr):
@@ -349,13 +359,7 @@ if triton is not None:
         for t in range(T):
             lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
             vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
-            c = tl.maximum(m, lg)
-            c_safe = tl.where(c == float("-inf"), 0.0, c)
-            carry = tl.exp(m - c_safe)
-            e = tl.exp(lg - c_safe)
-            den = den * carry + e
-            num = num * carry[:, None] + e[:, None] * vt[None, :]
-            m = c
+            m, den, num, c_safe = _scan_step(m, den, num, lg, vt)
             positive = den > 0
             inv = tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)
             slot = num * inv[:, None]
@@ -401,13 +405,7 @@ if triton is not None:
         for t in range(T):
             lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
             vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
-            c = tl.maximum(m, lg)
-            c_safe = tl.where(c == float("-inf"), 0.0, c)
-            carry = tl.exp(m - c_safe)
-            e = tl.exp(lg - c_safe)
-            den = den * carry + e
-            num = num * carry[:, None] + e[:, None] * vt[None, :]
-            m = c
+            m, den, num, _ = _scan_step(m, den, num, lg, vt)
             positive = den > 0
             slot = num * tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)[:, None]
             xt = tl.load(x_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
