@@ -1,0 +1,1 @@
+"""AIRSolver: Asymmetric Input Recurrence for Sudoku and Maze (see README.md beside this file)."""
