@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+from .air import AIRConfig, AIRSolver
 from .arith import ArithConfig, ArithTransformer
 from .asm import ASMConfig, ASMForCausalLM, ASMModel
 
+AutoConfig.register(AIRConfig.model_type, AIRConfig, exist_ok=True)
+AutoModel.register(AIRConfig, AIRSolver, exist_ok=True)
 AutoConfig.register(ArithConfig.model_type, ArithConfig, exist_ok=True)
 AutoModel.register(ArithConfig, ArithTransformer, exist_ok=True)
 AutoConfig.register(ASMConfig.model_type, ASMConfig, exist_ok=True)
 AutoModel.register(ASMConfig, ASMModel, exist_ok=True)
 AutoModelForCausalLM.register(ASMConfig, ASMForCausalLM, exist_ok=True)
 
-__all__: list[str] = ["ASMConfig", "ASMForCausalLM", "ASMModel", "ArithConfig", "ArithTransformer"]
+__all__: list[str] = [
+    "AIRConfig",
+    "AIRSolver",
+    "ASMConfig", "ASMForCausalLM", "ASMModel", "ArithConfig", "ArithTransformer"]
