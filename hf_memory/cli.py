@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from eval_harness.cli import add_eval_parsers
 
     from . import __version__
+    from .air_cli import add_air_parsers
     from .analysis.cli import add_analyze_ffn_parser
     from .arith_cli import add_arith_parsers
 
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tokens to generate per answer (default: 40)")
     demo.set_defaults(handler=_demo)
     add_analyze_ffn_parser(commands)
+    add_air_parsers(commands)
     add_arith_parsers(commands)
     add_eval_parsers(commands)
     return parser

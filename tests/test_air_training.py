@@ -1,0 +1,119 @@
+"""AIR training loop: the carry crosses batches, logs and checkpoints agree, errors are named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModel
+
+from modeling.air import AIRConfig, AIRSolver, maze_dataset_dict, sudoku_dataset
+from modeling.air.maze_air import MAZE_VOCAB_SIZE, valid_optimal_accuracy
+from modeling.air.training_air import AIRTrainConfig, evaluate_air, train_air
+
+
+@pytest.fixture(scope="module")
+def sudoku4():
+    return (sudoku_dataset(4, 96, "train", seed=3), sudoku_dataset(4, 32, "test", seed=3))
+
+
+def tiny_solver(vocab: int = 6, seq_len: int = 16, **overrides) -> AIRSolver:
+    fields = dict(vocab_size=vocab, seq_len=seq_len, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, halt_max_steps=3)
+    fields.update(overrides)
+    torch.manual_seed(0)
+    return AIRSolver(AIRConfig(**fields))
+
+
+def quick(**overrides) -> AIRTrainConfig:
+    fields = dict(steps=6, batch_size=16, lr=1e-3, warmup_steps=2, weight_decay=0.1,
+                  eval_every=3, eval_batch_size=64, progress=False, threads=1, cpu=True)
+    fields.update(overrides)
+    return AIRTrainConfig(**fields)
+
+
+def test_the_carry_returned_by_one_step_is_fed_to_the_next(sudoku4):
+    train, test = sudoku4
+    model = tiny_solver()
+    seen = []
+    model.register_forward_hook(
+        lambda module, args, kwargs, output: seen.append((kwargs["carry"], output.carry)),
+        with_kwargs=True)
+    train_air(model, train, None, quick())
+    assert seen[0][0] is None
+    for (_, produced), (received, _) in zip(seen, seen[1:], strict=False):
+        assert received is produced
+    # rows that did not halt keep their puzzle although the next batch brought another one
+    assert any((~carry.halted).any() for _, carry in seen[:-1])
+
+
+def test_log_checkpoint_and_evaluation_agree(sudoku4, tmp_path):
+    train, test = sudoku4
+    log = train_air(tiny_solver(), train, test, quick(ema_decay=0.9), out=tmp_path)
+    assert [entry["step"] for entry in log["history"]] == [3, 6]
+    on_disk = json.loads((tmp_path / "log.json").read_text())
+    assert on_disk["final"] == log["final"] and on_disk["train_size"] == len(train)
+    for key in ("loss", "lm_loss", "q_halt_loss", "q_continue_loss", "halted_fraction"):
+        assert key in log["final"]
+    final = AutoModel.from_pretrained(tmp_path / "final")  # the EMA weights evaluated last
+    again = evaluate_air(final, test, "sudoku", batch_size=64)
+    assert again == log["final"]["eval"]
+
+
+def test_evaluation_scores_match_a_direct_solve(sudoku4):
+    _, test = sudoku4
+    model = tiny_solver().eval()
+    metrics = evaluate_air(model, test, "sudoku", batch_size=7, max_segments=2)
+    ids = torch.tensor(test["inputs"])
+    labels = torch.tensor(test["labels"])
+    solution = model.solve(ids, max_segments=2)
+    right = solution.predictions == labels
+    assert metrics["count"] == len(test)
+    assert metrics["exact_accuracy"] == pytest.approx(right.all(-1).float().mean().item())
+    assert metrics["token_accuracy"] == pytest.approx(right.float().mean().item())
+    assert metrics["mean_segments"] == 2
+
+
+def test_maze_evaluation_reports_valid_and_optimal_paths():
+    splits = maze_dataset_dict(6, 8, 8, seed=0, min_path_length=6)
+    model = tiny_solver(vocab=MAZE_VOCAB_SIZE, seq_len=36).eval()
+    metrics = evaluate_air(model, splits["test"], "maze", max_segments=1)
+    predictions = model.solve(torch.tensor(splits["test"]["inputs"]), max_segments=1).predictions
+    expected = valid_optimal_accuracy(splits["test"]["inputs"], predictions.numpy(), 6)
+    assert metrics["valid_optimal_accuracy"] == expected
+    # the labels themselves are valid optimal paths
+    assert valid_optimal_accuracy(splits["test"]["inputs"], splits["test"]["labels"], 6) == 1.0
+
+
+def test_training_learns_on_a_fixed_seed(sudoku4):
+    train, test = sudoku4
+    model = tiny_solver()
+    before = evaluate_air(model, test, "sudoku")["token_accuracy"]
+    log = train_air(model, train, test, quick(steps=60, eval_every=0, lr=3e-3, warmup_steps=5))
+    assert log["history"][-1]["eval"]["token_accuracy"] > before + 0.15
+
+
+def test_bad_datasets_and_settings_are_named(sudoku4):
+    train, _ = sudoku4
+    with pytest.raises(ValueError, match="seq_len"):
+        train_air(tiny_solver(seq_len=81, vocab=11), train, None, quick())
+    with pytest.raises(ValueError, match="lacks the column"):
+        train_air(tiny_solver(), train.remove_columns("labels"), None, quick())
+    with pytest.raises(ValueError, match="empty"):
+        train_air(tiny_solver(), train.select([]), None, quick())
+    with pytest.raises(ValueError, match="task"):
+        AIRTrainConfig(task="chess")
+    with pytest.raises(ValueError, match="batch_size"):
+        AIRTrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="lr"):
+        AIRTrainConfig(lr=float("nan"))
+
+
+def test_a_diverging_run_stops_with_a_clear_error(sudoku4):
+    train, _ = sudoku4
+    model = tiny_solver()
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="step 1"):
+        train_air(model, train, None, quick())
