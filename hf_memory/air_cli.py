@@ -10,18 +10,26 @@ from .cli_types import non_negative, positive_int, unit_interval
 __all__ = ["add_air_parsers"]
 
 
-def _datasets(args: argparse.Namespace):
-    from modeling.air import maze_dataset_dict, sudoku_dataset, sudoku_vocab_size
+def _vocab_size(args: argparse.Namespace) -> int:
+    from modeling.air import SudokuSpec, sudoku_vocab_size
     from modeling.air.maze_air import MAZE_VOCAB_SIZE
+
+    if args.task == "sudoku":
+        return sudoku_vocab_size(SudokuSpec(args.size).size)
+    return MAZE_VOCAB_SIZE
+
+
+def _datasets(args: argparse.Namespace):
+    from modeling.air import maze_dataset_dict, sudoku_dataset
 
     if args.task == "sudoku":
         common = dict(seed=args.data_seed, augmentations_per_puzzle=args.augment)
         train = sudoku_dataset(args.size, args.train_puzzles, "train", **common)
         test = sudoku_dataset(args.size, args.test_puzzles, "test", seed=args.data_seed)
-        return train, test, sudoku_vocab_size(args.size)
+        return train, test
     splits = maze_dataset_dict(args.size, args.train_puzzles, args.test_puzzles,
                                seed=args.data_seed, augmentations_per_maze=args.augment)
-    return splits["train"], splits["test"], MAZE_VOCAB_SIZE
+    return splits["train"], splits["test"]
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -35,14 +43,15 @@ def _train(args: argparse.Namespace) -> None:
             lr_min_ratio=args.lr_min_ratio, ema_decay=args.ema_decay, eval_every=args.eval_every,
             eval_batch_size=args.eval_batch_size, seed=args.seed, threads=args.threads,
             cpu=args.cpu)
-        train, test, vocab = _datasets(args)
         config = AIRConfig(
-            vocab_size=vocab, seq_len=args.size * args.size, hidden_size=args.hidden_size,
-            num_hidden_layers=args.layers, num_attention_heads=args.heads,
+            vocab_size=_vocab_size(args), seq_len=args.size * args.size,
+            hidden_size=args.hidden_size, num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
             H_cycles=args.H_cycles, L_cycles=args.L_cycles, injection=args.injection,
             level_token=args.level_token, input_operator=args.input_operator,
             single_state=args.single_state, share_weights=not args.two_networks,
             halt_max_steps=args.halt_max_steps, loss_type=args.loss)
+        train, test = _datasets(args)
     except ValueError as error:
         raise CLIError(str(error)) from error
     import torch

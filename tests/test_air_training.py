@@ -117,3 +117,36 @@ def test_a_diverging_run_stops_with_a_clear_error(sudoku4):
         model.lm_head.weight.fill_(float("nan"))
     with pytest.raises(FloatingPointError, match="step 1"):
         train_air(model, train, None, quick())
+
+
+def test_air_train_and_air_report_from_the_command_line(tmp_path, capsys):
+    from hf_memory import cli
+
+    out = tmp_path / "run"
+    argv = ["air-train", "--out", str(out), "--size", "4", "--train-puzzles", "32",
+            "--test-puzzles", "16", "--steps", "4", "--batch-size", "8", "--hidden-size", "16",
+            "--heads", "2", "--layers", "1", "--halt-max-steps", "2", "--eval-every", "2",
+            "--threads", "1", "--injection", "Lx_Hx"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "exact_accuracy" in printed and (out / "final" / "config.json").exists()
+    assert AutoModel.from_pretrained(out / "final").config.injection == "Lx_Hx"
+    assert cli.main(["air-report", str(out), "--out", str(tmp_path / "figs"),
+                     "--puzzles", "4"]) == 0
+    written = capsys.readouterr().out.split()
+    assert any(path.endswith("training.png") for path in written)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--size", "5"], "size must be one of"),
+    (["--injection", "LH"], "injection"),
+    (["--lr", "-1"], "lr"),
+])
+def test_air_train_rejects_bad_options_in_one_line(tmp_path, capsys, argv, message):
+    from hf_memory import cli
+
+    base = ["air-train", "--out", str(tmp_path / "run"), "--train-puzzles", "4",
+            "--test-puzzles", "4", "--steps", "1"]
+    assert cli.main(base + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
