@@ -417,6 +417,18 @@ def test_only_halted_rows_restart_on_the_new_batch():
                                atol=1e-12)
 
 
+def test_labels_never_pair_with_another_rows_puzzle():
+    model = tiny().eval()
+    ids, labels = batch()
+    with torch.no_grad():
+        unlabelled = model(ids)
+        assert model(ids, carry=unlabelled.carry).carry.labels is None
+        with pytest.raises(ValueError, match="without labels"):
+            model(ids, labels=labels, carry=unlabelled.carry)
+        labelled = model(ids, labels=labels)
+        assert model(ids, carry=labelled.carry).loss is None  # no labels given: no loss
+
+
 # ----------------------------------------------------------------------------- losses
 def test_stablemax_matches_its_closed_form():
     logits = torch.tensor([[-2.0, 0.0, 3.0]], dtype=torch.float64)

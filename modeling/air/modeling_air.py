@@ -475,11 +475,17 @@ class AIRSolver(AIRPreTrainedModel):
             raise ValueError(
                 f"carry holds {carry.z_H.shape[0]} rows but the batch has {input_ids.shape[0]}"
             )
+        if labels is None:
+            keep_labels = None
+        elif carry.labels is not None:
+            keep_labels = torch.where(halted.view(-1, 1), labels, carry.labels)
+        elif bool(halted.all()):
+            keep_labels = labels
+        else:
+            raise ValueError("the carry's unfinished rows hold puzzles without labels; start a "
+                             "labelled run from carry=None")
         z_H0, z_L0 = self.initial_states(input_ids.shape[0])
         rows = halted.view(-1, 1, 1)
-        keep_labels = labels if labels is not None else carry.labels
-        if carry.labels is not None and labels is not None:
-            keep_labels = torch.where(halted.view(-1, 1), labels, carry.labels)
         return AIRCarry(
             z_H=torch.where(rows, z_H0.to(carry.z_H.dtype), carry.z_H),
             z_L=None if z_L0 is None else torch.where(rows, z_L0.to(carry.z_L.dtype), carry.z_L),
