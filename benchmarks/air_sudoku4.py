@@ -25,11 +25,15 @@ def main() -> None:
     parser.add_argument("--injection", nargs="+", default=["Lx_H"])
     parser.add_argument("--train-puzzles", type=int, default=3000)
     parser.add_argument("--test-puzzles", type=int, default=500)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--eval-every", type=int, default=125)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--loss", default="softmax", choices=("softmax", "stablemax"))
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr-min-ratio", type=float, default=0.1,
+                        help="cosine decay of the lr after warmup to this fraction")
+    parser.add_argument("--ema-decay", type=float, default=0.995,
+                        help="evaluate the parameter EMA (0 disables it)")
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
@@ -48,8 +52,9 @@ def main() -> None:
             vocab_size=6, seq_len=16, hidden_size=args.hidden_size, num_hidden_layers=2,
             num_attention_heads=4, halt_max_steps=4, injection=injection, loss_type=args.loss))
         config = AIRTrainConfig(steps=args.steps, batch_size=64, lr=args.lr, warmup_steps=100,
-                                weight_decay=0.1, eval_every=args.eval_every, seed=args.seed,
-                                progress=False)
+                                lr_min_ratio=args.lr_min_ratio, weight_decay=0.1,
+                                ema_decay=args.ema_decay or None, eval_every=args.eval_every,
+                                seed=args.seed, progress=False)
         log = train_air(model, train, test, config)
         reached = next((entry for entry in log["history"]
                         if entry["eval"]["exact_accuracy"] >= args.target), None)

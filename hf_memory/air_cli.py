@@ -40,9 +40,9 @@ def _train(args: argparse.Namespace) -> None:
         train_config = AIRTrainConfig(
             task=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
             warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-            lr_min_ratio=args.lr_min_ratio, ema_decay=args.ema_decay, eval_every=args.eval_every,
-            eval_batch_size=args.eval_batch_size, seed=args.seed, threads=args.threads,
-            cpu=args.cpu)
+            lr_min_ratio=args.lr_min_ratio, ema_decay=args.ema_decay or None,
+            eval_every=args.eval_every, eval_batch_size=args.eval_batch_size, seed=args.seed,
+            threads=args.threads, cpu=args.cpu)
         config = AIRConfig(
             vocab_size=_vocab_size(args), seq_len=args.size * args.size,
             hidden_size=args.hidden_size, num_hidden_layers=args.layers,
@@ -85,7 +85,8 @@ def add_air_parsers(commands: argparse._SubParsersAction) -> None:
         description="Generate train/held-out puzzles (disjoint up to isomorphism), train the "
                     "shared two-state recurrent solver with the HRM recipe (AdamATan2, warmup, "
                     "ACT carry across batches) and evaluate exact accuracy; writes OUT/log.json "
-                    "and OUT/final (a save_pretrained directory).")
+                    "and OUT/final (a save_pretrained directory). The defaults are the tiny "
+                    "4x4-Sudoku CPU recipe measured in BENCHMARKS.md, not the paper's sizes.")
     train.add_argument("--out", required=True, metavar="DIR", help="output directory")
     train.add_argument("--task", choices=("sudoku", "maze"), default="sudoku")
     train.add_argument("--size", type=positive_int, default=4,
@@ -95,7 +96,7 @@ def add_air_parsers(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--augment", type=int, default=0, metavar="K",
                        help="augmented copies per training puzzle (default 0)")
     train.add_argument("--data-seed", type=int, default=0, metavar="S")
-    train.add_argument("--hidden-size", type=positive_int, default=64, metavar="D")
+    train.add_argument("--hidden-size", type=positive_int, default=128, metavar="D")
     train.add_argument("--layers", type=positive_int, default=2, metavar="N")
     train.add_argument("--heads", type=positive_int, default=4, metavar="H")
     train.add_argument("--H-cycles", type=positive_int, default=2, metavar="N")
@@ -106,16 +107,19 @@ def add_air_parsers(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--single-state", action="store_true", help="appendix-D ablation")
     train.add_argument("--two-networks", action="store_true",
                        help="HRM-style baseline: separate L and H networks")
-    train.add_argument("--halt-max-steps", type=positive_int, default=8, metavar="N")
-    train.add_argument("--loss", choices=("stablemax", "softmax"), default="stablemax")
+    train.add_argument("--halt-max-steps", type=positive_int, default=4, metavar="N")
+    train.add_argument("--loss", choices=("stablemax", "softmax"), default="softmax",
+                       help="cross-entropy (default softmax, the measured CPU recipe; the paper "
+                            "uses stablemax)")
     train.add_argument("--steps", type=positive_int, default=2000, metavar="N")
-    train.add_argument("--batch-size", type=positive_int, default=128, metavar="N")
+    train.add_argument("--batch-size", type=positive_int, default=64, metavar="N")
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--warmup-steps", type=int, default=100, metavar="N")
     train.add_argument("--weight-decay", type=non_negative, default=0.1)
-    train.add_argument("--lr-min-ratio", type=float, default=1.0, metavar="R",
-                       help="cosine-decay the lr to R x lr after warmup (default 1: constant)")
-    train.add_argument("--ema-decay", type=unit_interval, default=None, metavar="D")
+    train.add_argument("--lr-min-ratio", type=float, default=0.1, metavar="R",
+                       help="cosine-decay the lr to R x lr after warmup (default 0.1; 1: constant)")
+    train.add_argument("--ema-decay", type=unit_interval, default=0.995, metavar="D",
+                       help="evaluate and save the parameter EMA (default 0.995; 0: off)")
     train.add_argument("--eval-every", type=int, default=250, metavar="N")
     train.add_argument("--eval-batch-size", type=positive_int, default=512, metavar="N")
     train.add_argument("--seed", type=int, default=0, metavar="S")
