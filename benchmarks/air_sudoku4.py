@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--eval-every", type=int, default=125)
     parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--loss", default="softmax", choices=("softmax", "stablemax"))
+    parser.add_argument("--loss", default="stablemax", choices=("stablemax", "softmax"))
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--lr-min-ratio", type=float, default=0.1,
                         help="cosine decay of the lr after warmup to this fraction")

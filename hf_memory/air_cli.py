@@ -108,9 +108,8 @@ def add_air_parsers(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--two-networks", action="store_true",
                        help="HRM-style baseline: separate L and H networks")
     train.add_argument("--halt-max-steps", type=positive_int, default=4, metavar="N")
-    train.add_argument("--loss", choices=("stablemax", "softmax"), default="softmax",
-                       help="cross-entropy (default softmax, the measured CPU recipe; the paper "
-                            "uses stablemax)")
+    train.add_argument("--loss", choices=("stablemax", "softmax"), default="stablemax",
+                       help="cross-entropy: stablemax (the paper's, default) or softmax")
     train.add_argument("--steps", type=positive_int, default=2000, metavar="N")
     train.add_argument("--batch-size", type=positive_int, default=64, metavar="N")
     train.add_argument("--lr", type=float, default=1e-3)
