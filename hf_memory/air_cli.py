@@ -57,7 +57,10 @@ def _train(args: argparse.Namespace) -> None:
     import torch
 
     torch.manual_seed(args.seed)
-    log = train_air(AIRSolver(config), train, test, train_config, out=args.out)
+    try:
+        log = train_air(AIRSolver(config), train, test, train_config, out=args.out)
+    except FloatingPointError as error:
+        raise CLIError(str(error)) from error
     final = log["final"]["eval"]
     print(f"# {args.steps} steps in {log['final']['wall_time_s']:.0f}s on {len(train)} train / "
           f"{len(test)} held-out puzzles; log: {args.out}/log.json, model: {args.out}/final")

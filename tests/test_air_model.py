@@ -451,6 +451,16 @@ def test_stablemax_stays_finite_where_softmax_underflows():
     assert F.softmax(logits.detach().double(), -1)[0, 1] == 0
 
 
+def test_stablemax_gradient_is_finite_at_a_logit_of_exactly_one():
+    # regression: a logit of exactly 1.0 once made a training run's gradient NaN
+    logits = torch.tensor([[1.0, -0.5, 0.0]], dtype=torch.float64, requires_grad=True)
+    stablemax_cross_entropy(logits, torch.tensor([2])).sum().backward()
+    s = torch.tensor([2.0, 1 / 1.5, 1.0], dtype=torch.float64)
+    ds = torch.tensor([1.0, 1 / 1.5**2, 1.0], dtype=torch.float64)  # s'(x) on each branch
+    expected = ds / s.sum() - torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64) * ds / s
+    torch.testing.assert_close(logits.grad[0], expected, rtol=1e-12, atol=1e-15)
+
+
 def test_softmax_loss_option_is_plain_cross_entropy():
     model = tiny(loss_type="softmax", halt_max_steps=1).eval()
     ids, labels = batch()

@@ -38,7 +38,10 @@ IGNORE_LABEL = -100
 
 
 def _stablemax_s(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x < 0, 1 / (1 - x), x + 1)
+    # the 1 / (1 - x) branch sees 0 where x >= 0: evaluated at x = 1 its infinite slope would
+    # turn the masked gradient into inf * 0 = NaN
+    negative = x < 0
+    return torch.where(negative, 1 / (1 - torch.where(negative, x, 0.0)), x + 1)
 
 
 def log_stablemax(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
