@@ -150,3 +150,18 @@ def test_air_train_rejects_bad_options_in_one_line(tmp_path, capsys, argv, messa
     assert cli.main(base + argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_the_final_model_carries_a_card_with_its_measured_results(sudoku4, tmp_path):
+    from huggingface_hub import ModelCard
+
+    train, test = sudoku4
+    log = train_air(tiny_solver(), train, test, quick(), out=tmp_path / "air4")
+    card = ModelCard.load(tmp_path / "air4" / "final" / "README.md")
+    results = card.data.eval_results
+    assert card.data.library_name == "transformers" and "air" in card.data.tags
+    measured = {r.metric_type: r.metric_value for r in results}
+    assert measured == pytest.approx({key: round(log["final"]["eval"][key], 4)
+                                      for key in ("exact_accuracy", "token_accuracy")})
+    assert results[0].dataset_split == "test" and "4x4 Sudoku" in results[0].dataset_name
+    assert "`injection` | Lx_H" in card.text

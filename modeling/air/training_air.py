@@ -144,6 +144,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(staging, path)
 
 
+def _write_card(directory: Path, log: dict[str, Any]) -> None:
+    """The model card (hub_cards), when that package is installed beside this folder."""
+    try:
+        from hub_cards.air_card import render_air_card
+    except ImportError:
+        return
+    (directory / "README.md").write_text(render_air_card(log, directory.parent.name))
+
+
 def _batches(count: int, batch_size: int, generator: torch.Generator):
     """Endless shuffled epochs of index batches (the last partial batch of an epoch is dropped
     unless the whole set is smaller than a batch, which is then drawn with replacement)."""
@@ -252,5 +261,6 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
         if ema is not None:
             ema.copy_to(solver)
         solver.save_pretrained(out_dir / "final")
+        _write_card(out_dir / "final", log)
         _write_json(out_dir / "log.json", log)
     return log
