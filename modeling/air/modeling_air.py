@@ -508,7 +508,6 @@ class AIRSolver(AIRPreTrainedModel):
         return_intermediate: bool = False,
         output_attentions: bool = False,
         freeze_state: str | None = None,
-        **kwargs,
     ) -> AIROutput:
         """Run one segment.
 
