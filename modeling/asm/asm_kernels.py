@@ -336,6 +336,26 @@ if triton is not None:
         return c, den * carry + e, num * carry[:, None] + e[:, None] * vt[None, :], c_safe
 
     @triton.jit
+    def _load_scan_state(m_ptr, den_ptr, num_ptr, pid, ks, kmask, kd, kd_mask, K, D):
+        """Program ``pid``'s scan state: ``m, den [K]`` and ``num [K, D]``."""
+        m = tl.load(m_ptr + pid * K + ks, mask=kmask, other=float("-inf"))
+        den = tl.load(den_ptr + pid * K + ks, mask=kmask, other=0.0)
+        num = tl.load(num_ptr + pid * K * D + kd, mask=kd_mask, other=0.0)
+        return m, den, num
+
+    @triton.jit
+    def _scan_token(logits_ptr, v_ptr, row, ks, ds, kmask, dmask, K, D, m, den, num):
+        """Token ``row``'s write logits and value folded into the scan; returns the new state,
+        the normalised slots ``[K, D]`` (0 where nothing was written), whether each slot has
+        been written and the finite running max."""
+        lg = tl.load(logits_ptr + row * K + ks, mask=kmask, other=float("-inf"))
+        vt = tl.load(v_ptr + row * D + ds, mask=dmask, other=0.0)
+        m, den, num, c_safe = _scan_step(m, den, num, lg, vt)
+        positive = den > 0
+        slot = num * tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)[:, None]
+        return m, den, num, slot, positive, c_safe
+
+    @triton.jit
     def slot_scan_fwd_kernel(logits_ptr, v_ptr, w_ptr, out_ptr, lse_ptr, m_ptr, den_ptr, num_ptr,
                              T, K: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
                              BD: tl.constexpr, READ: tl.constexpr):
@@ -353,16 +373,11 @@ if triton is not None:
         dmask = ds < D
         kd_mask = kmask[:, None] & dmask[None, :]
         kd = ks[:, None] * D + ds[None, :]
-        m = tl.load(m_ptr + pid * K + ks, mask=kmask, other=float("-inf"))
-        den = tl.load(den_ptr + pid * K + ks, mask=kmask, other=0.0)
-        num = tl.load(num_ptr + pid * K * D + kd, mask=kd_mask, other=0.0)
+        m, den, num = _load_scan_state(m_ptr, den_ptr, num_ptr, pid, ks, kmask, kd, kd_mask,
+                                       K, D)
         for t in range(T):
-            lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
-            vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
-            m, den, num, c_safe = _scan_step(m, den, num, lg, vt)
-            positive = den > 0
-            inv = tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)
-            slot = num * inv[:, None]
+            m, den, num, slot, positive, c_safe = _scan_token(
+                logits_ptr, v_ptr, pid * T + t, ks, ds, kmask, dmask, K, D, m, den, num)
             lse = tl.where(positive, tl.log(tl.where(positive, den, 1.0)) + c_safe,
                            float("-inf"))
             tl.store(lse_ptr + (pid * T + t) * K + ks, lse, mask=kmask)
@@ -399,15 +414,11 @@ if triton is not None:
         dmask = ds < D
         kd_mask = kmask[:, None] & dmask[None, :]
         kd = ks[:, None] * D + ds[None, :]
-        m = tl.load(m_ptr + pid * K + ks, mask=kmask, other=float("-inf"))
-        den = tl.load(den_ptr + pid * K + ks, mask=kmask, other=0.0)
-        num = tl.load(num_ptr + pid * K * D + kd, mask=kd_mask, other=0.0)
+        m, den, num = _load_scan_state(m_ptr, den_ptr, num_ptr, pid, ks, kmask, kd, kd_mask,
+                                       K, D)
         for t in range(T):
-            lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
-            vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
-            m, den, num, _ = _scan_step(m, den, num, lg, vt)
-            positive = den > 0
-            slot = num * tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)[:, None]
+            m, den, num, slot, _, _ = _scan_token(
+                logits_ptr, v_ptr, pid * T + t, ks, ds, kmask, dmask, K, D, m, den, num)
             xt = tl.load(x_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
             at = tl.load(a_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
             tl.store(p_ptr + (pid * T + t) * K + ks, tl.sum(slot * xt[None, :], axis=1),
