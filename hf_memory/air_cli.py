@@ -11,12 +11,10 @@ __all__ = ["add_air_parsers"]
 
 
 def _vocab_size(args: argparse.Namespace) -> int:
-    from modeling.air import SudokuSpec, sudoku_vocab_size
+    from modeling.air import sudoku_vocab_size
     from modeling.air.maze_air import MAZE_VOCAB_SIZE
 
-    if args.task == "sudoku":
-        return sudoku_vocab_size(SudokuSpec(args.size).size)
-    return MAZE_VOCAB_SIZE
+    return sudoku_vocab_size(args.size) if args.task == "sudoku" else MAZE_VOCAB_SIZE
 
 
 def _datasets(args: argparse.Namespace):

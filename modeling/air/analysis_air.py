@@ -68,24 +68,16 @@ def _as_ids(model, input_ids) -> torch.Tensor:
 
 
 def _segments(model, input_ids: torch.Tensor, segments: int | None, freeze_state: str | None,
-              puzzle_identifiers, output_attentions: bool
+              puzzle_identifiers, intermediate: bool, attentions: bool
               ) -> Iterator[tuple[int, torch.Tensor, dict]]:
-    """Yield ``(segment, z_H entering it, run_segment trace)`` exactly as :meth:`AIRSolver.solve`
-    runs them (fresh states, every row for ``segments`` segments)."""
-    segments = model.config.halt_max_steps if segments is None else segments
-    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-        raise ValueError(f"segments must be a positive integer, got {segments!r}")
+    """``(segment, z_H entering it, run_segment trace)`` from :meth:`AIRSolver.iter_segments`,
+    the schedule :meth:`AIRSolver.solve` runs (fresh states, every row for ``segments``)."""
     if puzzle_identifiers is not None:
         puzzle_identifiers = torch.as_tensor(puzzle_identifiers).long().to(input_ids.device)
-    with torch.no_grad():
-        carry = model.initial_carry(input_ids, None, puzzle_identifiers)
-        x = model.encode_input(carry.input_ids, carry.puzzle_identifiers)
-        z_H, z_L = carry.z_H, carry.z_L
-        for s in range(segments):
-            z_H_in = z_H
-            z_H, z_L, trace = model.run_segment(z_H, z_L, x, freeze_state, True,
-                                                output_attentions)
-            yield s, z_H_in, trace
+    runs = model.iter_segments(input_ids, puzzle_identifiers, segments, freeze_state,
+                               intermediate, attentions)
+    for s, (z_H_in, _, _, trace) in enumerate(runs):
+        yield s, z_H_in, trace
 
 
 @dataclass
@@ -114,7 +106,8 @@ def rollout(model, input_ids, segments: int | None = None, freeze_state: str | N
     ids = _as_ids(model, input_ids)
     steps = list(model.config.sub_steps)
     levels, seg, zh, zl = [], [], [], []
-    for s, _, trace in _segments(model, ids, segments, freeze_state, puzzle_identifiers, False):
+    for s, _, trace in _segments(model, ids, segments, freeze_state, puzzle_identifiers, True,
+                                 False):
         levels += steps
         seg += [s] * len(steps)
         zh += [t.argmax(-1).cpu() for t in trace["z_H_logits"]]
@@ -169,13 +162,6 @@ def freeze_experiment(model, input_ids, segments: int | None = None,
 
 
 # ---------------------------------------------------------------------------- neighbourhoods
-def _grid_size(seq_len: int) -> int:
-    n = math.isqrt(seq_len)
-    if n * n != seq_len:
-        raise ValueError(f"seq_len {seq_len} is not a square grid")
-    return n
-
-
 def sudoku_neighbourhood(size: int) -> torch.Tensor:
     """``[n², n²]`` bool: ``N[q, k]`` when cell ``k ≠ q`` shares a row, column or box with ``q``
     (20 cells for 9×9, 7 for 4×4), boxes as in :class:`SudokuSpec`."""
@@ -263,7 +249,7 @@ def _locality_values(model, input_ids, segments, puzzle_identifiers, batch_size,
         pids = None if puzzle_identifiers is None else torch.as_tensor(puzzle_identifiers)[rows]
         query = queries_of(rows).to(ids.device)
         where = query.nonzero()
-        for s, z_H_in, trace in _segments(model, ids[rows], segments, None, pids, True):
+        for s, z_H_in, trace in _segments(model, ids[rows], segments, None, pids, False, True):
             tokens = model.decode(z_H_in).argmax(-1)
             maps_L = _cell_attention(model, trace["attentions"][first_L], seq_len)
             maps_H = _cell_attention(model, trace["attentions"][first_H], seq_len)

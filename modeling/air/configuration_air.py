@@ -7,6 +7,7 @@ level tokens (``level_token``), operator forms (``input_operator``), the single-
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -182,6 +183,14 @@ class AIRConfig(PretrainedConfig):
     def injection_counts(self) -> tuple[int, int]:
         """``(n_L, n_H)``: copies of ``x`` in the L- and H-update inputs."""
         return parse_injection(self.injection)
+
+    @property
+    def board_size(self) -> int:
+        """Side of the square board the ``seq_len`` cells form."""
+        side = math.isqrt(self.seq_len)
+        if side * side != self.seq_len:
+            raise ValueError(f"AIRConfig.seq_len {self.seq_len} is not a square board")
+        return side
 
     @property
     def sub_steps(self) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ z_H's first position. See README.md beside this file for the maths and the varia
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -96,8 +97,6 @@ class AIRRotary(nn.Module):
         return angles.cos(), angles.sin()
 
     def forward(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cos.device.type == "meta" or self.cos.shape[0] < length:
-            raise RuntimeError("RoPE tables are missing; re-create the model from its config")
         return self.cos[:length].to(dtype), self.sin[:length].to(dtype)
 
 
@@ -291,6 +290,7 @@ class AIRSolver(AIRPreTrainedModel):
         else:
             self.L_block = AIRBlock(config)
             self.H_block = AIRBlock(config)
+        self.injection_counts = config.injection_counts
         self.input_proj = (nn.Linear(d, d, bias=False)
                            if config.input_operator in ("linear", "nonlinear") else None)
         self.level_emb = nn.Parameter(torch.empty(2, d)) if config.level_token else None
@@ -390,22 +390,19 @@ class AIRSolver(AIRPreTrainedModel):
     def _update_input(self, level: str, z_self: torch.Tensor, z_other: torch.Tensor | None,
                       x: torch.Tensor) -> torch.Tensor:
         """``z_self + u(z_other, x)``: what ``f`` receives for a ``level`` update."""
-        n_L, n_H = self.config.injection_counts
-        n = n_L if level == "L" else n_H
+        n = self.injection_counts[0 if level == "L" else 1]
         operator = self.config.input_operator
-        if z_other is None:
-            z_other = torch.zeros_like(z_self)
         if n == 0:
-            return z_self + z_other
+            return z_self if z_other is None else z_self + z_other
         if operator == "hadamard":
-            return z_self + z_other * (n * x)
+            return z_self if z_other is None else z_self + z_other * (n * x)
         if operator == "linear":
             x = self.input_proj(x)
         elif operator == "nonlinear":
             x = F.silu(self.input_proj(x))
         elif operator == "sign_flip":
             x = -x
-        return z_self + z_other + n * x
+        return z_self + n * x if z_other is None else z_self + z_other + n * x
 
     def _apply_block(self, level: str, hidden: torch.Tensor, output_attentions: bool
                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -587,6 +584,31 @@ class AIRSolver(AIRPreTrainedModel):
 
     # ----------------------------------------------------------------- inference
     @torch.no_grad()
+    def iter_segments(
+        self,
+        input_ids: torch.Tensor,
+        puzzle_identifiers: torch.Tensor | None = None,
+        max_segments: int | None = None,
+        freeze_state: str | None = None,
+        return_intermediate: bool = False,
+        output_attentions: bool = False,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict]]:
+        """Run ``max_segments`` (default ``halt_max_steps``) segments from fresh states, no
+        halting, yielding ``(z_H entering the segment, z_H, z_L, run_segment trace)`` for each —
+        one segment's attention maps at a time."""
+        max_segments = self.config.halt_max_steps if max_segments is None else max_segments
+        if isinstance(max_segments, bool) or not isinstance(max_segments, int) or max_segments < 1:
+            raise ValueError(f"max_segments must be a positive integer, got {max_segments!r}")
+        puzzle_identifiers = self._check_inputs(input_ids, puzzle_identifiers)
+        x = self.encode_input(input_ids, puzzle_identifiers)
+        z_H, z_L = self.initial_states(input_ids.shape[0])
+        for _ in range(max_segments):
+            z_H_in = z_H
+            z_H, z_L, trace = self.run_segment(z_H, z_L, x, freeze_state, return_intermediate,
+                                               output_attentions)
+            yield z_H_in, z_H, z_L, trace
+
+    @torch.no_grad()
     def solve(
         self,
         input_ids: torch.Tensor,
@@ -607,21 +629,14 @@ class AIRSolver(AIRPreTrainedModel):
         """
         if halting not in ("max", "q"):
             raise ValueError(f"halting must be 'max' or 'q', got {halting!r}")
-        max_segments = self.config.halt_max_steps if max_segments is None else max_segments
-        if isinstance(max_segments, bool) or not isinstance(max_segments, int) or max_segments < 1:
-            raise ValueError(f"max_segments must be a positive integer, got {max_segments!r}")
-        carry = self.initial_carry(input_ids, None, puzzle_identifiers)
-        carry.halted = torch.zeros_like(carry.halted)
-        x = self.encode_input(carry.input_ids, carry.puzzle_identifiers)
-        z_H, z_L = carry.z_H, carry.z_L
         batch = input_ids.shape[0]
         done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
         segments = torch.zeros(batch, dtype=torch.long, device=input_ids.device)
         logits = q_halt = None
         trace = [] if return_trace else None
-        for _ in range(max_segments):
-            z_H, z_L, sub = self.run_segment(z_H, z_L, x, freeze_state, return_intermediate,
-                                             output_attentions)
+        for _, z_H, z_L, sub in self.iter_segments(input_ids, puzzle_identifiers, max_segments,
+                                                   freeze_state, return_intermediate,
+                                                   output_attentions):
             new_logits = self.decode(z_H)
             new_halt, new_continue = self.q_logits(z_H)
             active = ~done

@@ -110,7 +110,13 @@ def evaluate_air(model: AIRSolver, dataset, task: str = "sudoku", batch_size: in
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    data = _tensors(dataset, model.config.seq_len)
+    return _score(model, _tensors(dataset, model.config.seq_len), task, batch_size, max_segments,
+                  halting)
+
+
+def _score(model: AIRSolver, data: dict[str, torch.Tensor], task: str, batch_size: int,
+           max_segments: int | None, halting: str = "max") -> dict[str, float]:
+    """:func:`evaluate_air` on the dataset's tensors (converted once per training run)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -127,14 +133,14 @@ def evaluate_air(model: AIRSolver, dataset, task: str = "sudoku", batch_size: in
         exact += right.all(-1).sum().item()
         tokens += right.float().mean(-1).sum().item()
         segments += solution.segments.sum().item()
-        predictions.append(solution.predictions.cpu())
+        if task == "maze":
+            predictions.append(solution.predictions.cpu())
     model.train(was_training)
     metrics = {"exact_accuracy": exact / count, "token_accuracy": tokens / count,
                "mean_segments": segments / count, "count": count}
     if task == "maze":
-        size = math.isqrt(model.config.seq_len)
         metrics["valid_optimal_accuracy"] = valid_optimal_accuracy(
-            data["inputs"].numpy(), torch.cat(predictions).numpy(), size)
+            data["inputs"].numpy(), torch.cat(predictions).numpy(), model.config.board_size)
     return metrics
 
 
@@ -145,11 +151,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def _write_card(directory: Path, log: dict[str, Any]) -> None:
-    """The model card (hub_cards), when that package is installed beside this folder."""
-    try:
-        from hub_cards.air_card import render_air_card
-    except ImportError:
-        return
+    """The model card (``hub_cards``) as the saved model's README."""
+    from hub_cards.air_card import render_air_card
+
     (directory / "README.md").write_text(render_air_card(log, directory.parent.name))
 
 
@@ -197,15 +201,18 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
                            "eval_size": len(eval_dataset) if eval_dataset is not None else 0,
                            "history": []}
 
+    eval_data = (_tensors(eval_dataset, solver.config.seq_len)
+                 if eval_dataset is not None else None)
+
     def evaluate() -> dict[str, float]:
-        if eval_dataset is None:
+        if eval_data is None:
             return {}
         if ema is None:
-            return evaluate_air(solver, eval_dataset, config.task, config.eval_batch_size,
-                                config.eval_max_segments)
+            return _score(solver, eval_data, config.task, config.eval_batch_size,
+                          config.eval_max_segments)
         with ema.swapped(solver):
-            return evaluate_air(solver, eval_dataset, config.task, config.eval_batch_size,
-                                config.eval_max_segments)
+            return _score(solver, eval_data, config.task, config.eval_batch_size,
+                          config.eval_max_segments)
 
     generator = torch.Generator().manual_seed(config.seed)
     batches = _batches(data["inputs"].shape[0], config.batch_size, generator)
