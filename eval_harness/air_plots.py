@@ -21,6 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .figures import save_figure  # noqa: E402
+
 __all__ = ["plot_freeze", "plot_locality", "plot_rollout", "plot_training", "write_report"]
 
 _UNDECIDED, _WRONG, _RIGHT = (0.82, 0.82, 0.82), (0.90, 0.30, 0.30), (0.60, 0.85, 0.60)
@@ -55,7 +57,7 @@ def plot_training(log: dict[str, Any], path: str | os.PathLike) -> Path:
     ax_acc.legend(fontsize=8)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _cell_colours(tokens: np.ndarray, labels: np.ndarray, task: str) -> np.ndarray:
@@ -87,7 +89,7 @@ def plot_rollout(model, input_ids, labels, task: str, path: str | os.PathLike,
     labels = np.asarray(labels).reshape(-1, model.config.seq_len)[0]
     given = ids[0].numpy() > 1 if task == "sudoku" else np.zeros(len(labels), bool)
     roll = rollout(model, ids, segments=segments)
-    n = math.isqrt(model.config.seq_len)
+    n = model.config.board_size
     states = [("z_H", roll.z_H)] + ([("z_L", roll.z_L)] if roll.z_L is not None else [])
     cols = len(roll.levels)
     fig, axes = plt.subplots(len(states), cols, figsize=(1.5 * cols, 1.6 * len(states) + 0.4),
@@ -111,7 +113,7 @@ def plot_rollout(model, input_ids, labels, task: str, path: str | os.PathLike,
             if c == 0:
                 ax.set_ylabel(name)
     fig.suptitle(f"{task} rollout: green right, red wrong, grey undecided", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_freeze(result: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -136,7 +138,7 @@ def plot_freeze(result: dict[str, Any], path: str | os.PathLike) -> Path:
                title=f"Content change of {state}")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_locality(result: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -158,7 +160,7 @@ def plot_locality(result: dict[str, Any], path: str | os.PathLike) -> Path:
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{result['task']}: L-update − H-update attention contrasts (95% CI)",
                  fontsize=10, y=1.03)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike, puzzles: int = 64,
@@ -182,7 +184,7 @@ def write_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike, puzzles
         raise ValueError(f"{run_dir / 'log.json'} is not an air-train log (no 'history')")
     model = AIRSolver.from_pretrained(run_dir / "final").eval()
     task = log.get("train_config", {}).get("task", "sudoku")
-    size = math.isqrt(model.config.seq_len)
+    size = model.config.board_size
     if task == "sudoku":
         from modeling.air.sudoku_air import BLANK as undecided
         from modeling.air.sudoku_air import sudoku_dataset
@@ -234,11 +236,3 @@ def write_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike, puzzles
     summary_path.write_text(json.dumps(summary, indent=1, allow_nan=True))
     paths.append(summary_path)
     return paths
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path

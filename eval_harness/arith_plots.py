@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .figures import save_figure  # noqa: E402
+
 __all__ = [
     "load_log",
     "plot_accuracy",
@@ -99,7 +101,7 @@ def plot_accuracy(log: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.set_title("Accuracy by evaluation pool", pad=24)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_progress(log: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -115,7 +117,7 @@ def plot_progress(log: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.set_title("Progress measures (appendix B)", pad=24)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_fourier_neuron(model, path: str | os.PathLike, neuron: int | None = None) -> Path:
@@ -146,7 +148,7 @@ def plot_fourier_neuron(model, path: str | os.PathLike, neuron: int | None = Non
         image = ax.imshow(data, origin="lower", cmap="RdBu_r", vmin=lo, vmax=hi)
         ax.set(xlabel="b (right operand)", ylabel="a (left operand)", title=title)
     fig.colorbar(image, ax=axes, shrink=0.8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sweeps(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -174,7 +176,7 @@ def plot_sweeps(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | N
         ax.plot([x for x, _ in points], [y for _, y in points], "o-")
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title, ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_report(logs: list[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
@@ -196,11 +198,3 @@ def write_report(logs: list[str | os.PathLike], out: str | os.PathLike) -> list[
     if sweep is not None:
         paths.append(sweep)
     return paths
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
