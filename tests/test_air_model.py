@@ -223,28 +223,19 @@ def _expected_inputs(model, recorder, x, operator="add"):
             z_H = call["output"]
 
 
-@pytest.mark.parametrize("injection", INJECTION_VARIANTS)
-def test_each_injection_variant_feeds_f_exactly_z_self_plus_z_other_plus_n_x(injection):
-    model = tiny(injection=injection).eval()
+@pytest.mark.parametrize("overrides", [
+    *({"injection": name} for name in INJECTION_VARIANTS),
+    *({"input_operator": name} for name in ("linear", "nonlinear", "sign_flip", "hadamard")),
+], ids=lambda overrides: next(iter(overrides.values())))
+def test_each_variant_feeds_f_exactly_z_self_plus_z_other_plus_n_g_of_x(overrides):
+    model = tiny(**overrides).eval()
     ids, _ = batch()
     recorder = BlockRecorder(model.block)
     with torch.no_grad():
         model(ids)
         x = model.encode_input(ids, torch.zeros(3, dtype=torch.long))
-        for call, expected in _expected_inputs(model, recorder, x):
-            assert torch.equal(call["input"], expected), (injection, call["level"])
-
-
-@pytest.mark.parametrize("operator", ["linear", "nonlinear", "sign_flip", "hadamard"])
-def test_operator_forms_transform_x_before_injection(operator):
-    model = tiny(input_operator=operator).eval()
-    ids, _ = batch()
-    recorder = BlockRecorder(model.block)
-    with torch.no_grad():
-        model(ids)
-        x = model.encode_input(ids, torch.zeros(3, dtype=torch.long))
-        for call, expected in _expected_inputs(model, recorder, x, operator):
-            assert torch.equal(call["input"], expected), (operator, call["level"])
+        for call, expected in _expected_inputs(model, recorder, x, model.config.input_operator):
+            assert torch.equal(call["input"], expected), (overrides, call["level"])
 
 
 def test_single_state_ablation_injects_periodically_into_one_state():

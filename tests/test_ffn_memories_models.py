@@ -9,16 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-)
 
 from hf_memory.analysis.capture import ffn_streams
 from hf_memory.analysis.corpus import TokenizedCorpus, tokenize_corpus
@@ -26,19 +16,16 @@ from hf_memory.analysis.corpus_pass import run_corpus_pass
 from hf_memory.analysis.logit_lens import logit_lens
 from hf_memory.analysis.mlp_adapter import ffn_adapter
 from hf_memory.analysis.streaming_topk import topk_reference
+from tests.tiny_models import tiny_model
 
-SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=3,
-             num_attention_heads=4, num_key_value_heads=2)
-FAMILIES = {
-    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SMALL)),
-    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL)),
-    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=8)),
-}
+SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=24, head_dim=4,
+             dtype=torch.float32)
+FAMILIES = {"llama": {}, "qwen2": {}, "qwen3": {"head_dim": 8}}
 
 
 @pytest.fixture(params=sorted(FAMILIES))
 def model(request):
-    return FAMILIES[request.param]().eval()
+    return tiny_model(request.param, **{**SMALL, **FAMILIES[request.param]})
 
 
 def random_corpus(count: int = 9) -> TokenizedCorpus:
@@ -130,10 +117,9 @@ def test_empty_corpus_is_a_value_error():
 
 
 def test_mixture_of_experts_mlp_is_unsupported():
-    config = Qwen3MoeConfig(**SMALL, head_dim=8, num_experts=4, num_experts_per_tok=2,
-                            moe_intermediate_size=8)
+    model = tiny_model("qwen3_moe", **{**SMALL, "head_dim": 8})
     with pytest.raises(ValueError, match="unsupported MLP Qwen3MoeSparseMoeBlock in layer 0"):
-        ffn_adapter(Qwen3MoeForCausalLM(config))
+        ffn_adapter(model)
 
 
 def test_model_without_the_layout_is_a_value_error():
