@@ -72,6 +72,22 @@ def _seed_everything() -> None:
     torch.manual_seed(SEED)
 
 
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """Whatever a test changes of torch's process-wide settings is put back after it, so no
+    test's outcome depends on which tests ran before it."""
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    grad = torch.is_grad_enabled()
+    environ = dict(os.environ)
+    yield
+    torch.set_num_threads(threads)
+    torch.set_default_dtype(dtype)
+    torch.set_grad_enabled(grad)
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
 @pytest.fixture(scope="session")
 def default_model():
     """The embedded SmolLM2-135M-Instruct, loaded once per test session (read-only use)."""

@@ -22,6 +22,7 @@ def assert_remote_code_load_is_exact(model, ids: torch.Tensor, tmp_path: Path,
     save_file({"ids": ids.contiguous(), "logits": logits.contiguous()}, tmp_path / "expected.st")
     script = textwrap.dedent(f"""
         import torch
+        torch.set_num_threads({torch.get_num_threads()})
         from safetensors.torch import load_file
         from transformers import {auto_class}
         model = {auto_class}.from_pretrained({str(tmp_path / "ckpt")!r}, trust_remote_code=True)

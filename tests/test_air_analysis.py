@@ -15,8 +15,6 @@ from modeling.air import analysis_air as air
 from modeling.air.maze_air import OPEN, PAD, PATH, WALL
 from modeling.air.sudoku_air import BLANK
 
-torch.set_num_threads(1)
-
 
 def tiny(**overrides) -> AIRSolver:
     torch.manual_seed(0)

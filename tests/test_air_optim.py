@@ -17,8 +17,6 @@ from modeling.air.optim_air import (
     warmup_schedule,
 )
 
-torch.set_num_threads(1)
-
 
 def _model(seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Module:
     torch.manual_seed(seed)
