@@ -30,6 +30,7 @@ from hf_memory import (
     PromptMethod,
     Selector,
 )
+from hf_memory.calibration import TRAIT_DESCRIPTORS
 from hf_memory.chat import assistant_prefix_length, encode_chats
 
 from .metrics import load_metric
@@ -39,28 +40,7 @@ __all__ = ["CALIBRATION_PROMPTS", "METHODS", "TRAITS", "BigFiveConfig", "item_pr
            "load_items", "run_bigfive", "run_conditions", "score_answers", "summarize"]
 
 ITEMS_PATH = Path(__file__).parent / "data" / "ipip50.json"
-TRAITS = {
-    "O": ("I am extremely open to experience: curious, imaginative and creative, and I love "
-          "abstract ideas, art and new experiences.",
-          "I am very closed to experience: conventional and practical, with little imagination "
-          "and no interest in abstract ideas or art."),
-    "C": ("I am extremely conscientious: organized, disciplined, always prepared and careful "
-          "with details, and I finish my duties on time.",
-          "I am very careless and disorganized: I leave things messy, forget my duties and "
-          "never plan ahead."),
-    "E": ("I am extremely extraverted: outgoing, talkative and energetic, and I love parties "
-          "and being the center of attention.",
-          "I am very introverted: quiet and reserved, and I avoid parties and keep in the "
-          "background."),
-    "A": ("I am extremely agreeable: warm, kind and compassionate, and I care deeply about "
-          "other people's feelings.",
-          "I am very disagreeable: cold and critical, and I don't care about other people's "
-          "problems or feelings."),
-    "N": ("I am extremely anxious. I worry constantly, feel nervous and tense, and always "
-          "fear that something will go wrong.",
-          "I am completely calm. I feel relaxed, secure and at ease, and I never worry about "
-          "anything."),
-}
+TRAITS = TRAIT_DESCRIPTORS
 CALIBRATION_PROMPTS = (
     "How do you usually spend your free time?",
     "What do you think about meeting new people?",
@@ -174,7 +154,8 @@ def _methods_for_trait(model, tokenizer, trait: str, config: BigFiveConfig,
     target, opposite = TRAITS[trait]
     methods: dict[str, Method] = {}
     if "prompt" in config.methods:
-        methods["prompt"] = PromptMethod(target, placement=config.prompt_placement)
+        methods["prompt"] = PromptMethod(target, placement=config.prompt_placement,
+                                         tokenizer=tokenizer)
     if "caa" in config.methods:
         pairs = [(frame.format(target), frame.format(opposite)) for frame in CAA_FRAMES]
         vectors = CAAVectors.extract(model, tokenizer, pairs, layers=[config.caa_layer],

@@ -29,7 +29,8 @@ def run_kv_footprint(model, tokenizer, *, traits: Sequence[str] = FACTORS, top_l
         ], model=model)
         selector = Selector.calibrate(model, tokenizer, banks, list(CALIBRATION_PROMPTS),
                                       top_layers=top_layers, progress=False)
-        visible = PromptMethod(target).guidance_kv_bytes(model, tokenizer, PROBE_PROMPT)
+        visible = PromptMethod(target, tokenizer=tokenizer).guidance_kv_bytes(
+            model, tokenizer, PROBE_PROMPT)
         descriptor = tokenizer(target, return_tensors="pt", add_special_tokens=False).input_ids
         for label, bank_set in (("target bank", BankSet([banks[f"{trait}+"]], model=model)),
                                 ("target + reference banks", banks)):

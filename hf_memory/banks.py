@@ -23,11 +23,13 @@ from torch import nn
 
 from .adapters import get_adapter
 from .capture import capture_kv
+from .chat import chat_messages
 
-__all__ = ["DEFAULT_TEMPLATES", "ROLES", "MemoryBank"]
+__all__ = ["CONTEXTS", "DEFAULT_TEMPLATES", "ROLES", "MemoryBank", "render_in_context"]
 
 ROLES = ("target", "reference", "auxiliary")
 TEXT_FIELD = "{text}"
+CONTEXTS = ("system", "user", "bos", "none")
 DEFAULT_TEMPLATES = (
     "{text}",
     "These are my internal principles: {text}",
@@ -190,20 +192,31 @@ class MemoryBank:
         templates: Sequence[str] | None = None,
         layers: Sequence[int] | None = None,
         keep: str = "descriptor",
+        context: str = "system",
         gain: float = 1.0,
     ) -> MemoryBank:
         """Build a bank by running wrapped ``text`` through the frozen model (eq. 6).
 
         Each template (``"{text}"`` marks where the text goes; default: the three wrappers of
-        :data:`DEFAULT_TEMPLATES`) is tokenised and run through ``model``; at each layer the
-        pre-RoPE keys and values of the kept positions are recorded. ``keep="descriptor"`` keeps
-        the tokens that overlap the text itself, ``keep="all"`` the whole wrapped text. The
-        variants' slots are concatenated: ``M`` = total kept tokens.
+        :data:`DEFAULT_TEMPLATES`) is placed in ``context`` — the way the model reads text — and
+        run through ``model``; at each layer the pre-RoPE keys and values of the kept positions
+        are recorded. ``keep="descriptor"`` keeps the tokens that overlap the text itself,
+        ``keep="all"`` the whole wrapped text. The variants' slots are concatenated: ``M`` =
+        total kept tokens.
+
+        Contexts (see :data:`CONTEXTS`): ``"system"`` (default) renders the wrapped text as the
+        chat template's system message, so the slots are the keys and values a visible system
+        prompt would hold at those layers; ``"user"`` as a user turn after the template's
+        default system prompt; ``"bos"`` after the tokenizer's BOS token; ``"none"`` bare text.
+        Position 0 is never kept: whatever sits there is the model's attention sink, and a
+        sink-like slot draws attention whatever the bank says.
         """
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"a bank needs a non-empty text, got {text!r}")
         if keep not in ("descriptor", "all"):
             raise ValueError(f"keep must be 'descriptor' or 'all', got {keep!r}")
+        if context not in CONTEXTS:
+            raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
         if template is not None and templates is not None:
             raise ValueError("give template or templates, not both")
         variants = [template] if template is not None else list(templates or DEFAULT_TEMPLATES)
@@ -221,29 +234,55 @@ class MemoryBank:
 
         keys, values, records = [], [], []
         for variant in variants:
-            start = variant.index(TEXT_FIELD)
             wrapped = variant.replace(TEXT_FIELD, text)
-            encoded = tokenizer(wrapped, return_offsets_mapping=True, add_special_tokens=False)
-            ids = encoded["input_ids"]
+            rendered, offset = render_in_context(tokenizer, wrapped, context)
             if keep == "all":
-                kept = list(range(len(ids)))
+                start, end = offset, offset + len(wrapped)
             else:
+                start = offset + variant.index(TEXT_FIELD)
                 end = start + len(text)
-                kept = [i for i, (a, b) in enumerate(encoded["offset_mapping"])
-                        if b > a and a < end and b > start]
+            encoded = tokenizer(rendered, return_offsets_mapping=True, add_special_tokens=False)
+            ids = encoded["input_ids"]
+            kept = [i for i, (a, b) in enumerate(encoded["offset_mapping"])
+                    if i > 0 and b > a and a < end and b > start]
             if not kept:
                 raise ValueError(f"template {variant!r} kept no token of the text")
             k, v = capture_kv(model, torch.tensor([ids], device=device), layers)
             keys.append(k[:, 0, :, kept])
             values.append(v[:, 0, :, kept])
-            records.append({"template": variant, "token_ids": ids, "kept_positions": kept})
+            records.append({"template": variant, "context": context, "rendered": rendered,
+                            "token_ids": ids, "kept_positions": kept})
         provenance = {
             "source": "text",
             "text": text,
             "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
             "keep": keep,
+            "context": context,
             "variants": records,
         }
         return cls(name=name or role, role=role, keys=torch.cat(keys, dim=2),
                    values=torch.cat(values, dim=2), layers=layers, gain=gain,
                    provenance=provenance)
+
+
+def render_in_context(tokenizer, wrapped: str, context: str) -> tuple[str, int]:
+    """``wrapped`` placed in ``context`` (see :meth:`MemoryBank.from_text`): the rendered text and
+    the character offset at which ``wrapped`` starts in it."""
+    if context == "none":
+        return wrapped, 0
+    if context == "bos":
+        if not tokenizer.bos_token:
+            raise ValueError("context='bos' needs a tokenizer with a BOS token; this one has "
+                             "none (use 'system', 'user' or 'none')")
+        return tokenizer.bos_token + wrapped, len(tokenizer.bos_token)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"context={context!r} needs a tokenizer with a chat template; this one "
+                         "has none (use 'bos' or 'none')")
+    messages = ([{"role": "system", "content": wrapped}] if context == "system"
+                else chat_messages(wrapped))
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    offset = rendered.rfind(wrapped)
+    if offset < 0:
+        raise ValueError(f"the chat template does not render the text verbatim in a {context} "
+                         "message; use context='bos' or 'none'")
+    return rendered, offset

@@ -7,8 +7,9 @@ positive minus negative over pairs.
 
 Application: ``scale · v`` is added to the attention output of layer ℓ (post-attention, before it
 rejoins the residual stream — the same point it was read at) at every position from
-``start_position`` on, generated tokens included. Positions count from the start of the cached
-sequence, so a prompt of length P with ``start_position=P`` steers the generated tokens only.
+``start_position`` on (one for the batch, or one per row), generated tokens included. Positions
+count from the start of the cached sequence, so a prompt of length P with ``start_position=P``
+steers the generated tokens only.
 """
 
 from __future__ import annotations
@@ -155,12 +156,15 @@ class CAAHandle:
     """Adds the vectors while attached; a context manager and a removable handle."""
 
     def __init__(self, model: nn.Module, vectors: CAAVectors, *, scale: float | None = None,
-                 start_position: int = 0) -> None:
+                 start_position: int | torch.Tensor = 0) -> None:
         vectors.check_model(model)
-        if start_position < 0:
-            raise ValueError(f"start_position must be >= 0, got {start_position}")
+        start = torch.as_tensor(start_position)
+        if start.dim() > 1 or start.is_floating_point() or bool((start < 0).any()):
+            raise ValueError("start_position must be a non-negative int or a [batch] tensor of "
+                             f"them, got {start_position!r}")
         self.scale = vectors.scale if scale is None else float(scale)
         self.start_position = start_position
+        self._start = start.reshape(-1, 1)
         self._offset = 0
         adapter = get_adapter(model)
         parameter = next(model.parameters())
@@ -178,7 +182,11 @@ class CAAHandle:
     def _add(self, output, delta: torch.Tensor):
         hidden = output[0]
         positions = self._offset + torch.arange(hidden.shape[1], device=hidden.device)
-        keep = (positions >= self.start_position).to(hidden.dtype)[None, :, None]
+        start = self._start.to(hidden.device)
+        if start.shape[0] not in (1, hidden.shape[0]):
+            raise ValueError(f"CAA has {start.shape[0]} start positions for a batch of "
+                             f"{hidden.shape[0]}")
+        keep = (positions[None, :] >= start).to(hidden.dtype)[..., None]
         return (hidden + keep * delta, *output[1:])
 
     def remove(self) -> None:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["assistant_prefix_length", "chat_messages", "encode_chats", "generate_chat",
-           "generate_conversations"]
+__all__ = ["assistant_prefix_length", "chat_messages", "default_system_prompt", "encode_chats",
+           "generate_chat", "generate_conversations"]
 
 
 def chat_messages(prompt: str, system: str | None = None) -> list[dict[str, str]]:
@@ -20,6 +20,24 @@ def chat_messages(prompt: str, system: str | None = None) -> list[dict[str, str]
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt})
     return messages
+
+
+def default_system_prompt(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The system message the chat template inserts when a conversation gives none ("" if none).
+
+    Read off the template: a conversation with a sentinel system message shows where system text
+    goes; the same conversation without one shows what the template puts there by itself.
+    """
+    sentinel = "\x00system\x00"
+    user = chat_messages("x")
+    marked = tokenizer.apply_chat_template([{"role": "system", "content": sentinel}, *user],
+                                           tokenize=False)
+    plain = tokenizer.apply_chat_template(user, tokenize=False)
+    before, _, after = marked.partition(sentinel)
+    fits = plain.startswith(before) and plain.endswith(after)
+    if not fits or len(plain) < len(before) + len(after):
+        return ""
+    return plain[len(before):len(plain) - len(after)]
 
 
 def assistant_prefix_length(tokenizer: PreTrainedTokenizerBase) -> int:

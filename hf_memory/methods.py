@@ -16,7 +16,7 @@ from torch import nn
 
 from .bank_set import BankSet
 from .caa import CAAVectors, apply_caa
-from .chat import chat_messages, encode_chats, generate_conversations
+from .chat import chat_messages, default_system_prompt, encode_chats, generate_conversations
 from .kv_accounting import prompt_kv_bytes
 from .steering import steer
 
@@ -49,19 +49,33 @@ PlainMethod = Method
 
 
 class PromptMethod(Method):
-    """The guidance text in the visible context: a system message, or prepended to the turn."""
+    """The guidance text in the visible context.
+
+    Placements: ``"system"`` appends it to the system prompt the chat template would use anyway
+    (SmolLM2's "You are a helpful AI assistant named SmolLM…"), so the only change against plain
+    is the guidance; ``"replace_system"`` makes it the whole system message (the template's
+    default is dropped: two changes at once); ``"prepend"`` puts it before the user's turn.
+    """
 
     name = "prompt"
+    PLACEMENTS = ("system", "replace_system", "prepend")
 
-    def __init__(self, text: str, placement: str = "system") -> None:
+    def __init__(self, text: str, placement: str = "system", tokenizer=None) -> None:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("the prompt baseline needs a non-empty guidance text")
-        if placement not in ("system", "prepend"):
-            raise ValueError(f"placement must be 'system' or 'prepend', got {placement!r}")
+        if placement not in self.PLACEMENTS:
+            raise ValueError(f"placement must be one of {self.PLACEMENTS}, got {placement!r}")
+        if placement == "system" and tokenizer is None:
+            raise ValueError("placement='system' needs the tokenizer (to read its default "
+                             "system prompt)")
         self.text, self.placement = text, placement
+        self.default_system = default_system_prompt(tokenizer) if tokenizer is not None else ""
 
     def messages(self, prompt: str) -> list[dict[str, str]]:
         if self.placement == "system":
+            system = f"{self.default_system}\n{self.text}" if self.default_system else self.text
+            return chat_messages(prompt, system=system)
+        if self.placement == "replace_system":
             return chat_messages(prompt, system=self.text)
         return chat_messages(f"{self.text}\n\n{prompt}")
 

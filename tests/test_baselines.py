@@ -89,7 +89,7 @@ def test_methods_share_one_interface(default_model, anxious_caa):
     model, tokenizer = default_model
     bank = MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, template="{text}",
                                 layers=range(18, 23), gain=2.0)
-    methods = [PlainMethod(), PromptMethod(DEFAULT_PERSONA),
+    methods = [PlainMethod(), PromptMethod(DEFAULT_PERSONA, tokenizer=tokenizer),
                PromptMethod(DEFAULT_PERSONA, placement="prepend"), CAAMethod(anxious_caa),
                MemoryMethod(BankSet([bank], model=model))]
     prompt = ["How do you feel about your exam tomorrow?"]

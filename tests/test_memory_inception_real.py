@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hf_memory import BankSet, MemoryBank, kv_footprint, steer
-from hf_memory.chat import chat_messages
 from hf_memory.demo import DEFAULT_PERSONA, parse_layers
+from hf_memory.likelihood import pair_margins
 
 PERSONA_LAYERS = parse_layers("18-22")
 
@@ -41,8 +41,12 @@ def test_default_templates_concatenate_and_keep_all_on_request(default_model):
                                 keep="all")
     assert three.num_slots > 2 * one.num_slots
     assert len(three.provenance["variants"]) == 3
-    assert full.num_slots == len(full.provenance["variants"][0]["token_ids"])
-    assert full.num_slots > one.num_slots
+    (variant,) = full.provenance["variants"]
+    kept = [variant["token_ids"][i] for i in variant["kept_positions"]]
+    assert tokenizer.decode(kept).strip() == "Note: I love the sea."  # not the chat header
+    assert variant["rendered"].startswith("<|im_start|>system\n") and min(
+        variant["kept_positions"]) > 0
+    assert full.num_slots == len(kept) > one.num_slots
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -57,27 +61,18 @@ def test_bad_bank_text_arguments(default_model, kwargs, message):
         MemoryBank.from_text(model, tokenizer, **kwargs)
 
 
-@torch.no_grad()
-def continuation_logprob(model, tokenizer, prompt: str, continuation: str) -> float:
-    context = tokenizer.apply_chat_template(chat_messages(prompt), add_generation_prompt=True,
-                                            tokenize=False)
-    head = tokenizer(context, return_tensors="pt", add_special_tokens=False).input_ids
-    tail = tokenizer(continuation, return_tensors="pt", add_special_tokens=False).input_ids
-    logits = model(torch.cat([head, tail], dim=1)).logits.log_softmax(-1)
-    picked = logits[0, head.shape[1] - 1:-1].gather(-1, tail[0, :, None])
-    return picked.sum().item()
+WORRY_CASES = [
+    ("How do you feel about your exam tomorrow?",
+     "I'm really worried and nervous about it.", "I feel calm and relaxed about it."),
+    ("How do you feel about the trip next week?",
+     "Honestly, I'm scared something will go wrong.", "Honestly, I'm sure it will go well."),
+]
 
 
-def worry_margin(model, tokenizer) -> float:
-    """log p(worried answers) − log p(calm answers) to questions about upcoming events."""
-    cases = [
-        ("How do you feel about your exam tomorrow?",
-         "I'm really worried and nervous about it.", "I feel calm and relaxed about it."),
-        ("How do you feel about the trip next week?",
-         "Honestly, I'm scared something will go wrong.", "Honestly, I'm sure it will go well."),
-    ]
-    return sum(continuation_logprob(model, tokenizer, q, worried)
-               - continuation_logprob(model, tokenizer, q, calm) for q, worried, calm in cases)
+def worry_margin(model, tokenizer, method=None) -> float:
+    """log p(worried answers) − log p(calm answers) to questions about upcoming events (nats,
+    summed over the two cases); ``method`` presents the prompt (e.g. a visible system prompt)."""
+    return float(pair_margins(model, tokenizer, WORRY_CASES, method=method).sum())
 
 
 def test_an_anxious_bank_moves_the_model_towards_worry(default_model):
