@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ FORMAT_VERSION = 1
 CONFIG_NAME = "selector.json"
 DIAGNOSTICS_NAME = "diagnostics.safetensors"
 DIAGNOSTICS = ("alignment", "target_mass", "reference_mass", "prompt_mass", "score")
+DEFAULT_GAINS = (0.5, 1.0, 2.0, 4.0)
 
 
 class SelectorFormatError(ValueError):
@@ -71,17 +72,14 @@ def unit_scores(alignment: torch.Tensor, target_mass: torch.Tensor, prompt_mass:
     return alignment + xi * target_mass - chi * prompt_mass
 
 
-def _ranked(values: torch.Tensor) -> list[int]:
-    """Indices by descending value; ties keep the lower index (deterministic)."""
-    return torch.sort(-values, stable=True).indices.tolist()
-
-
 def select_sites(scores: torch.Tensor, *, top_units: int, top_layers: int,
-                 aggregate: str = "sum") -> tuple[list[int], dict[int, list[int]], torch.Tensor]:
-    """Eq. 12 on a ``[layers, units]`` score table.
+                 aggregate: str = "sum", tie_break: torch.Tensor | None = None,
+                 ) -> tuple[list[int], dict[int, list[int]], torch.Tensor]:
+    """Eq. 12 on a ``[layers, units]`` table of ranking values.
 
     Returns ``(layer rows, units per layer row, layer scores)``: the top-``top_layers`` rows by the
-    sum or mean of their top-``top_units`` unit scores, in descending layer-score order.
+    sum or mean of their top-``top_units`` unit values, in descending layer-score order. Equal
+    values are ordered by ``tie_break`` (same shape, aggregated the same way), then by index.
     """
     if aggregate not in ("sum", "mean"):
         raise ValueError(f"aggregate must be 'sum' or 'mean', got {aggregate!r}")
@@ -90,11 +88,17 @@ def select_sites(scores: torch.Tensor, *, top_units: int, top_layers: int,
         raise ValueError(f"top_units must be in [1, {units}], got {top_units}")
     if not 1 <= top_layers <= rows:
         raise ValueError(f"top_layers must be in [1, {rows}], got {top_layers}")
-    kept = {row: sorted(_ranked(scores[row])[:top_units]) for row in range(rows)}
+    tie = torch.zeros_like(scores) if tie_break is None else tie_break.to(scores.dtype)
+
+    def ranked(values: torch.Tensor, ties: torch.Tensor) -> list[int]:
+        return sorted(range(len(values)), key=lambda i: (-float(values[i]), -float(ties[i]), i))
+
+    kept = {row: sorted(ranked(scores[row], tie[row])[:top_units]) for row in range(rows)}
     layer_scores = torch.stack([scores[row, kept[row]].sum() for row in range(rows)])
+    layer_ties = torch.stack([tie[row, kept[row]].sum() for row in range(rows)])
     if aggregate == "mean":
-        layer_scores = layer_scores / top_units
-    chosen = _ranked(layer_scores)[:top_layers]
+        layer_scores, layer_ties = layer_scores / top_units, layer_ties / top_units
+    chosen = ranked(layer_scores, layer_ties)[:top_layers]
     return chosen, {row: kept[row] for row in chosen}, layer_scores
 
 
@@ -129,12 +133,12 @@ class Selector:
             check_fingerprint(self.fingerprint, model, "this selector")
 
     def summary(self) -> list[dict[str, Any]]:
-        """One row per candidate layer: mean diagnostics over its selected-or-all units."""
+        """One row per candidate layer: its diagnostics, averaged over units."""
         rows = []
         for i, layer in enumerate(self.candidate_layers):
             row = {"layer": layer, "selected": layer in self.layers}
-            for name in DIAGNOSTICS:
-                row[name] = float(self.diagnostics[name][i].mean())
+            for name, table in self.diagnostics.items():
+                row[name] = float(table[i].mean())
             rows.append(row)
         return rows
 
@@ -155,11 +159,18 @@ class Selector:
         chi: float = 1.0,
         aggregate: str = "sum",
         layer_gains: str = "uniform",
+        order: str = "alignment",
+        positions: str = "user",
         chat_template: bool = True,
         batch_size: int = 4,
         progress: bool = True,
     ) -> Selector:
         """Algorithm 1: score every candidate unit on ``prompts`` and freeze the best sites.
+
+        This is the paper's *diagnostic* selector. On the embedded SmolLM2-135M it picks sites
+        where the banks take attention but do not steer (measured in BENCHMARKS.md);
+        :meth:`calibrate_behavioural` picks sites by the movement they cause, and is what the
+        evaluation and the demo use by default.
 
         Args:
             banks: a bank set with a target and a reference bank (auxiliary banks take part in
@@ -172,6 +183,12 @@ class Selector:
             aggregate: ``"sum"`` or ``"mean"`` over a layer's top units (eq. 12).
             layer_gains: ``"uniform"`` (ρ = 1) or ``"relative"`` (ρ_ℓ = U_ℓ / max U over the
                 selected layers, clipped to [0, 1]).
+            order: ``"alignment"`` ranks units and layers by ā, with U of eq. 11 as the
+                tie-break (appendix C: the dense questionnaire calibration orders primarily by
+                ā); ``"score"`` ranks by U itself.
+            positions: ``"user"`` averages the statistics over the user's text and the
+                assistant prefix only (not the chat template's system prompt); ``"all"`` over
+                every non-padding position.
         """
         config = model.config
         adapter = get_adapter(model)
@@ -180,6 +197,10 @@ class Selector:
             raise ValueError("calibration needs a target and a reference bank")
         if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
             raise ValueError("calibration needs a non-empty list of non-empty prompts")
+        if order not in ("alignment", "score"):
+            raise ValueError(f"order must be 'alignment' or 'score', got {order!r}")
+        if positions not in ("user", "all"):
+            raise ValueError(f"positions must be 'user' or 'all', got {positions!r}")
         if layer_gains not in ("uniform", "relative"):
             raise ValueError(f"layer_gains must be 'uniform' or 'relative', got {layer_gains!r}")
         if unit_type == "auto":
@@ -207,6 +228,9 @@ class Selector:
         texts = [tokenizer.apply_chat_template(chat_messages(p), add_generation_prompt=True,
                                                tokenize=False) if chat_template else p
                  for p in prompts]
+        skipped = [_tokens_before(tokenizer, text, prompt)
+                   if chat_template and positions == "user" else 0
+                   for text, prompt in zip(texts, prompts, strict=True)]
         query_modules = {f"q{layer}": getattr(adapter.attention(model, layer),
                                               adapter.query_module) for layer in candidates}
         bank_keys = {}
@@ -222,6 +246,8 @@ class Selector:
                 batch = tokenizer(texts[start:start + batch_size], return_tensors="pt",
                                   padding=True, add_special_tokens=False).to(device)
                 valid = batch["attention_mask"].bool()
+                offsets = torch.tensor(skipped[start:start + batch_size], device=device)
+                valid &= (valid.long().cumsum(-1) - 1) >= offsets[:, None]
                 with steer(model, banks, layers=candidates, trace_only=True) as handle, \
                         capture_outputs(query_modules) as captured:
                     handle.record_routing()
@@ -249,8 +275,11 @@ class Selector:
             per_unit = per_head
         scores = unit_scores(per_unit["alignment"], per_unit["target_mass"],
                              per_unit["prompt_mass"], xi=xi, chi=chi)
-        rows, units, layer_scores = select_sites(scores, top_units=top_units,
-                                                 top_layers=top_layers, aggregate=aggregate)
+        ranking, tie_break = ((per_unit["alignment"], scores) if order == "alignment"
+                              else (scores, None))
+        rows, units, layer_scores = select_sites(ranking, top_units=top_units,
+                                                 top_layers=top_layers, aggregate=aggregate,
+                                                 tie_break=tie_break)
         layers = sorted(candidates[row] for row in rows)
         chosen_units = {candidates[row]: units[row] for row in rows}
         if layer_gains == "uniform":
@@ -265,11 +294,82 @@ class Selector:
             layer_gains=dict(sorted(gains.items())), candidate_layers=list(candidates),
             diagnostics={**{k: v.to(torch.float32) for k, v in per_unit.items()},
                          "score": scores.to(torch.float32)},
-            config={"top_layers": top_layers, "top_units": top_units, "xi": xi, "chi": chi,
+            config={"objective": "diagnostic", "order": order, "positions": positions,
+                    "top_layers": top_layers, "top_units": top_units, "xi": xi, "chi": chi,
                     "aggregate": aggregate, "layer_gains": layer_gains,
                     "chat_template": chat_template, "num_prompts": len(prompts),
                     "num_positions": count, "prompts_sha256": prompts_hash,
                     "banks": banks.audit(), "layer_scores": layer_scores.tolist()},
+            fingerprint=model_fingerprint(model))
+
+    @classmethod
+    @torch.no_grad()
+    def calibrate_behavioural(
+        cls,
+        model: nn.Module,
+        tokenizer,
+        banks: BankSet,
+        pairs: Sequence[tuple[str, str, str]],
+        *,
+        drift_pairs: Mapping[str, Sequence[tuple[str, str, str]]] | None = None,
+        top_layers: int = 5,
+        candidate_layers: Sequence[int] | None = None,
+        gains: Sequence[float] = DEFAULT_GAINS,
+        drift_weight: float = 1.0,
+        max_evaluations: int | None = None,
+        batch_size: int = 16,
+        progress: bool = True,
+    ) -> Selector:
+        """Select sites by the movement they cause (:mod:`hf_memory.site_search`).
+
+        Args:
+            banks: any bank set (target only, contrastive, with auxiliaries): the search scores
+                it as it will be applied.
+            pairs: ``(prompt, target reply, reference reply)`` calibration triples, disjoint
+                from whatever the selector will be evaluated on.
+            drift_pairs: triples of other dimensions, by name, whose movement is penalised.
+            top_layers: the layer budget m (the search may keep fewer).
+            candidate_layers: layers to consider (default: every layer a bank covers).
+            gains: candidate layer gains ρ (multiplying every bank gain).
+            drift_weight: weight of drift in the score (target − weight · drift).
+            max_evaluations: scored configurations allowed (default: candidates + top_layers
+                + 2·len(gains)); each is one batch of forward passes over the pairs.
+        """
+        from .site_search import ShiftObjective, search_sites
+
+        config = model.config
+        get_adapter(model)
+        banks.check_model(model)
+        covered = sorted({layer for bank in banks for layer in bank.layers})
+        candidates = covered if candidate_layers is None else sorted(set(candidate_layers))
+        missing = sorted(set(candidates) - set(covered))
+        if missing or not candidates:
+            raise ValueError(f"candidate layers {missing or candidates} are not covered by any "
+                             "bank")
+        budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
+                  else max_evaluations)
+        objective = ShiftObjective(model, tokenizer, pairs, dict(drift_pairs or {}),
+                                   drift_weight=drift_weight, batch_size=batch_size)
+        best, history = search_sites(objective, banks, candidates, top_layers=top_layers,
+                                     gains=gains, max_evaluations=budget, progress=progress)
+        singles = {h.layers[0]: h for h in history[:len(candidates)]}
+        diagnostics = {name: torch.tensor([[getattr(singles[layer], name)]
+                                           for layer in candidates], dtype=torch.float32)
+                       for name in ("target", "drift", "score")}
+        pairs_hash = hashlib.sha256(json.dumps(
+            [list(pairs), {k: [list(p) for p in v] for k, v in (drift_pairs or {}).items()}],
+            sort_keys=True).encode()).hexdigest()
+        heads = config.num_attention_heads
+        return cls(
+            layers=list(best.layers), units={layer: list(range(heads)) for layer in best.layers},
+            unit_type="head", layer_gains={layer: best.gain for layer in best.layers},
+            candidate_layers=list(candidates), diagnostics=diagnostics,
+            config={"objective": "behavioural", "top_layers": top_layers,
+                    "gains": sorted(float(g) for g in gains), "drift_weight": drift_weight,
+                    "max_evaluations": budget, "evaluations": objective.evaluations,
+                    "num_pairs": len(pairs), "drift_groups": sorted(drift_pairs or {}),
+                    "pairs_sha256": pairs_hash, "banks": banks.audit(),
+                    "best": best.as_dict(), "history": [h.as_dict() for h in history]},
             fingerprint=model_fingerprint(model))
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
@@ -323,6 +423,16 @@ class Selector:
         if model is not None:
             selector.check_model(model)
         return selector
+
+
+def _tokens_before(tokenizer, text: str, prompt: str) -> int:
+    """How many tokens of templated ``text`` come before the user's ``prompt`` in it."""
+    offset = text.rfind(prompt)
+    if offset < 0:
+        raise ValueError("the chat template does not render the prompt verbatim; calibrate "
+                         "with positions='all'")
+    encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    return sum(1 for a, b in encoded["offset_mapping"] if b <= offset or (a < offset < b))
 
 
 def _card(selector: Selector) -> str:

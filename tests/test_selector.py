@@ -159,20 +159,24 @@ def test_calibration_rejects_bad_input():
                            candidate_layers=[5])
 
 
-def test_calibration_on_the_embedded_model_beats_random_layers(default_model):
+@pytest.mark.parametrize("order, criterion", [
+    ("alignment", lambda r: r["alignment"]),  # appendix C: ā first
+    ("score", lambda r: r["target_mass"] - r["prompt_mass"]),  # eq. 11 with ξ = χ = 1
+])
+def test_calibration_on_the_embedded_model_beats_random_layers(default_model, order, criterion):
     model, tokenizer = default_model
     banks = BankSet([
         MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, role="target", template="{text}"),
         MemoryBank.from_text(model, tokenizer, DEFAULT_REFERENCE, role="reference",
                              template="{text}"),
     ], model=model)
-    selector = Selector.calibrate(model, tokenizer, banks, PROMPTS, top_layers=5, progress=False)
+    selector = Selector.calibrate(model, tokenizer, banks, PROMPTS, top_layers=5, order=order,
+                                  progress=False)
     assert selector.unit_type == "kv_group" and len(selector.layers) == 5
-    rows = selector.summary()
-    ratio = {r["layer"]: r["target_mass"] / r["prompt_mass"] for r in rows}
-    chosen = statistics.mean(ratio[layer] for layer in selector.layers)
+    assert selector.config["positions"] == "user"
+    value = {r["layer"]: criterion(r) for r in selector.summary()}
+    chosen = statistics.mean(value[layer] for layer in selector.layers)
     generator = torch.Generator().manual_seed(0)
     random_sets = [torch.randperm(30, generator=generator)[:5].tolist() for _ in range(200)]
-    random_means = [statistics.mean(ratio[layer] for layer in layers) for layers in random_sets]
-    assert chosen > statistics.mean(random_means)
+    random_means = [statistics.mean(value[layer] for layer in layers) for layers in random_sets]
     assert chosen > sorted(random_means)[int(0.9 * len(random_means))]

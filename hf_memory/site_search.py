@@ -1,0 +1,161 @@
+"""Behavioural site selection: steer where the banks move the model towards the target and
+nowhere else (the task-level selector that the paper's appendix C names as the general form).
+
+The diagnostic selector ranks sites by what the banks *would* receive (alignment, routing mass);
+on small models that ranking can be inverted — any bank shifts the model, and the sites that take
+the most bank mass are not the ones where the content steers. This selector instead measures the
+effect directly on calibration contrast pairs (:mod:`hf_memory.likelihood`):
+
+    target(S) = mean over target pairs of the margin shift under steering at sites S
+    drift(S)  = mean over drift groups g of |mean shift of g's pairs|
+    score(S)  = target(S) − drift_weight · drift(S)
+
+Search, with a fixed budget of scored configurations (each one batch of forward passes):
+1. every candidate layer alone (all units) at the largest gain;
+2. greedy: walk the layers by their stage-1 score and keep adding one while the joint score
+   improves, up to ``top_layers`` layers;
+3. the chosen layers at each gain (the layer gain ρ_ℓ, which multiplies every bank gain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .bank_set import BankSet
+from .likelihood import ContrastPair, _check_pairs, pair_margins
+from .methods import MemoryMethod, Method
+
+__all__ = ["ShiftObjective", "SiteScore", "best_strength", "search_sites"]
+
+
+@dataclass(frozen=True)
+class SiteScore:
+    """One scored configuration: layers, gain ρ, target movement, drift and their score."""
+
+    layers: tuple[int, ...]
+    gain: float
+    target: float
+    drift: float
+    score: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "gain": self.gain, "target": self.target,
+                "drift": self.drift, "score": self.score}
+
+
+@dataclass
+class ShiftObjective:
+    """Scores a steering method by margin shifts against the unsteered model.
+
+    Args:
+        pairs: ``(prompt, target reply, reference reply)`` triples of the steered dimension.
+        drift_pairs: other dimensions' pairs by name; their absolute mean shifts are drift.
+        drift_weight: score = target − drift_weight · drift.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    pairs: Sequence[ContrastPair]
+    drift_pairs: Mapping[str, Sequence[ContrastPair]] = field(default_factory=dict)
+    drift_weight: float = 1.0
+    batch_size: int = 16
+    evaluations: int = 0
+
+    def __post_init__(self) -> None:
+        _check_pairs(self.pairs)
+        for name, group in self.drift_pairs.items():
+            if not group:
+                raise ValueError(f"drift group {name!r} has no pairs")
+            _check_pairs(group)
+        self._all = list(self.pairs) + [p for g in self.drift_pairs.values() for p in g]
+        sizes = [len(self.pairs)] + [len(g) for g in self.drift_pairs.values()]
+        self._bounds = [0, *torch.tensor(sizes).cumsum(0).tolist()]
+        self.plain = pair_margins(self.model, self.tokenizer, self._all,
+                                  batch_size=self.batch_size)
+
+    def split(self, shift: torch.Tensor) -> tuple[float, float]:
+        """(target movement, drift) of per-pair shifts ordered as pairs, then drift groups."""
+        means = [float(shift[a:b].mean()) for a, b in zip(self._bounds, self._bounds[1:],
+                                                          strict=False)]
+        drift = sum(abs(m) for m in means[1:]) / len(means[1:]) if len(means) > 1 else 0.0
+        return means[0], drift
+
+    def __call__(self, method: Method) -> tuple[float, float, float]:
+        """(target, drift, score) of ``method`` against the plain model."""
+        self.evaluations += 1
+        shift = pair_margins(self.model, self.tokenizer, self._all, method=method,
+                             batch_size=self.batch_size) - self.plain
+        target, drift = self.split(shift)
+        return target, drift, target - self.drift_weight * drift
+
+
+def best_strength(objective: ShiftObjective, make_method: Callable[[float], Method],
+                  strengths: Sequence[float]) -> tuple[float, list[dict[str, float]]]:
+    """The strength (e.g. a CAA scale) whose method scores best; and every strength's scores."""
+    if not strengths:
+        raise ValueError("give at least one strength to try")
+    rows = []
+    for strength in strengths:
+        target, drift, score = objective(make_method(float(strength)))
+        rows.append({"strength": float(strength), "target": target, "drift": drift,
+                     "score": score})
+    best = max(rows, key=lambda r: (r["score"], -r["strength"]))
+    return best["strength"], rows
+
+
+def search_sites(objective: ShiftObjective, banks: BankSet, candidates: Sequence[int], *,
+                 top_layers: int, gains: Sequence[float], max_evaluations: int,
+                 progress: bool = True) -> tuple[SiteScore, list[SiteScore]]:
+    """The three-stage search of the module docstring over memory steering with ``banks`` at
+    all heads of the chosen layers; returns (best, every scored configuration)."""
+    candidates = sorted({int(i) for i in candidates})
+    gains = sorted({float(g) for g in gains})
+    if not candidates:
+        raise ValueError("the search needs at least one candidate layer")
+    if not gains or min(gains) <= 0:
+        raise ValueError(f"gains must be positive, got {list(gains)}")
+    if not 1 <= top_layers <= len(candidates):
+        raise ValueError(f"top_layers must be in [1, {len(candidates)}], got {top_layers}")
+    needed = len(candidates) + len(gains)
+    if max_evaluations < needed:
+        raise ValueError(f"max_evaluations must be at least {needed} (every candidate layer once "
+                         f"and every gain once), got {max_evaluations}")
+    history: list[SiteScore] = []
+    bar = tqdm(total=max_evaluations, desc="site search", disable=not progress)
+
+    def score(layers, gain) -> SiteScore:
+        layers = tuple(sorted({int(i) for i in layers}))
+        method = MemoryMethod(banks, layers=list(layers),
+                              layer_gains={layer: gain for layer in layers})
+        result = SiteScore(layers, gain, *objective(method))
+        history.append(result)
+        bar.update()
+        bar.set_postfix_str(f"best {max(h.score for h in history):+.2f}")
+        return result
+
+    probe = gains[-1]
+    singles = [score([layer], probe) for layer in candidates]
+    order = [s.layers[0] for s in sorted(singles, key=lambda s: (-s.score, s.layers))]
+    best = max(singles, key=lambda s: (s.score, -s.layers[0]))
+    spare = max_evaluations - len(candidates) - (len(gains) - 1)
+    for layer in order:
+        if len(best.layers) >= top_layers or spare <= 0:
+            break
+        if layer in best.layers:
+            continue
+        trial = score([*best.layers, layer], probe)
+        spare -= 1
+        if trial.score > best.score:
+            best = trial
+    for gain in gains[:-1]:
+        trial = score(best.layers, gain)
+        if trial.score > best.score:
+            best = trial
+    bar.close()
+    return best, history
