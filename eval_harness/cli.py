@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .names import FACTORS, METHODS, TASKS
+from .names import DIRECTIONS, FACTORS, METHODS, TASKS
 
 __all__ = ["add_eval_parsers"]
 
@@ -63,7 +63,19 @@ def _eval(args: argparse.Namespace) -> None:
 
     model, tokenizer = _load_model(args.model)
     out = Path(args.out or f"results/{args.task}")
-    if args.task in ("bigfive", "bigfive-gen"):
+    if args.task in ("trait-steering", "layer-ablation"):
+        from .trait_steering import TraitSteeringConfig, run_layer_ablation, run_trait_steering
+
+        steering = TraitSteeringConfig(directions=args.directions, limit=args.limit,
+                                       questionnaire_limit=args.limit,
+                                       candidate_layers=args.candidate_layers,
+                                       top_layers=args.top_layers, caa_layer=args.caa_layer,
+                                       num_bootstrap=args.bootstrap, seed=args.seed,
+                                       selectors_dir=str(out / "selectors"))
+        run = run_trait_steering if args.task == "trait-steering" else run_layer_ablation
+        path = run_task(args.task, lambda: run(model, tokenizer, steering),
+                        model=model, config=vars(steering), seed=args.seed, out=out)
+    elif args.task in ("bigfive", "bigfive-gen"):
         config = BigFiveConfig(methods=args.method, traits=args.traits, limit=args.limit,
                                top_layers=args.top_layers, bank_gain=args.gain,
                                memory_layers=args.memory_layers,
@@ -94,7 +106,10 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     """Register ``eval`` and ``report`` on the ``hf-memory`` parser."""
     run = commands.add_parser(
         "eval", help="run an evaluation task and write results.json + report",
-        description="Run a task (bigfive: IPIP-50 self-evaluation with DAS for each steering "
+        description="Run a task (trait-steering: prompt, CAA and memory inception at their "
+                    "calibrated strengths with controls, for the ten Big Five directions, on "
+                    "held-out likelihood pairs and the acquiescence-corrected IPIP-50; bigfive: "
+                    "IPIP-50 self-evaluation with DAS for each steering "
                     "method; bigfive-gen: open-ended generations scored by the offline lexicon "
                     "judge, GAS; kv-footprint: banks vs visible prompt, eq. 10) and render its "
                     "report (Markdown tables + PNG plots).")
@@ -103,13 +118,22 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help=f"comma-separated methods (default: {','.join(METHODS)})")
     run.add_argument("--traits", type=_csv(FACTORS), default=list(FACTORS),
                      help="comma-separated target traits (default: O,C,E,A,N)")
+    run.add_argument("--directions", type=_csv(DIRECTIONS), default=list(DIRECTIONS),
+                     help="trait-steering: comma-separated directions, e.g. N+,N- (default: "
+                          "all ten)")
+    run.add_argument("--bootstrap", type=int, default=1000,
+                     help="trait-steering: bootstrap resamples for the 95%% intervals")
     run.add_argument("--model", default="default",
                      help="'default' (the embedded SmolLM2-135M-Instruct) or a local path")
     run.add_argument("--limit", type=_limit,
-                     help="items per factor (bigfive) or prompts (bigfive-gen), 1-10")
+                     help="items per factor (bigfive, trait-steering) or prompts (bigfive-gen), "
+                          "1-10")
     run.add_argument("--top-layers", type=int, default=5, help="selector layer budget m")
     run.add_argument("--memory-layers", type=_layer_spec, metavar="SPEC",
                      help="steer these layers (all heads) instead of calibrating a selector")
+    run.add_argument("--candidate-layers", type=_layer_spec, metavar="SPEC",
+                     help="trait-steering: layers the behavioural selector may pick (default: "
+                          "all)")
     run.add_argument("--gain", type=float, default=2.0, help="bank gain lambda")
     run.add_argument("--caa-layer", type=int, default=10)
     run.add_argument("--caa-scale", type=float, default=2.0)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["FACTORS", "METHODS", "TASKS"]
+__all__ = ["DIRECTIONS", "FACTORS", "METHODS", "TASKS"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
-TASKS = ("bigfive", "bigfive-gen", "kv-footprint")
+TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint")
+DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")

@@ -111,6 +111,14 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
     out = Path(out) if out is not None else path.parent
     out.mkdir(parents=True, exist_ok=True)
     task = record.get("task")
+    if task == "trait-steering":
+        from .trait_report import render_trait_steering
+
+        return render_trait_steering(record, out)
+    if task == "layer-ablation":
+        from .trait_report import render_layer_ablation
+
+        return render_layer_ablation(record, out)
     if task == "kv-footprint":
         return _kv_report(record["results"], out, record)
     if task not in ("bigfive", "bigfive-gen"):

@@ -15,9 +15,10 @@ from eval_harness.names import FACTORS
 from eval_harness.report import render_report
 from eval_harness.runner import environment, validate_results
 from hf_memory import cli
+from hf_memory.selector import Selector
 
 
-@pytest.mark.parametrize("name", ["big_five_traits", "drift_adjusted_score"])
+@pytest.mark.parametrize("name", ["big_five_traits", "drift_adjusted_score", "steering_shift"])
 def test_metric_doctests_pass_and_cards_exist(name):
     path = METRICS_DIR / name / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"metric_{name}", path)
@@ -161,3 +162,31 @@ def test_bigfive_generation_smoke_run(tmp_path):
         assert all(o["response"] for o in run["outputs"])
     assert set(record["results"]["summary"]) == {"prompt", "memory"}
     assert "Judge `lexicon-v1`" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
+    assert cli.main(["eval", "trait-steering", "--directions", "N+", "--limit", "1",
+                     "--candidate-layers", "19-20", "--top-layers", "1", "--bootstrap", "20",
+                     "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    validate_results(record)
+    results = record["results"]
+    assert results["items"] == {"likelihood": 5, "questionnaire": 5,
+                                "source": results["items"]["source"]}
+    methods = {r["method"] for r in results["runs"]}
+    assert methods == {"prompt", "caa", "memory", "memory-diagnostic", "memory-neutral",
+                       "memory-reference", "prompt-reference", "prompt-neutral"}
+    memory = next(r for r in results["runs"] if r["method"] == "memory")
+    low, high = memory["likelihood"]["target_shift_ci"]
+    assert low <= memory["likelihood"]["target_shift"] <= high
+    assert "acquiescence" in memory["questionnaire"]
+    setup = results["setups"]["N+"]
+    assert len(setup["memory"]["layers"]) == 1 and setup["memory"]["layers"][0] in (19, 20)
+    assert setup["caa"]["scale"] in (1.0, 2.0, 4.0, 8.0, 16.0)
+    for masses in setup["memory"]["routing_mass"].values():
+        assert sum(masses.values()) == pytest.approx(1.0, abs=1e-3)
+    loaded = Selector.from_pretrained(tmp_path / "selectors" / "N+")
+    assert loaded.layers == setup["memory"]["layers"]
+    assert (tmp_path / "trait_steering_das.png").is_file()
+    assert "| memory |" in capsys.readouterr().out

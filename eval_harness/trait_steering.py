@@ -1,0 +1,346 @@
+"""Trait steering on held-out items: prompt, CAA and memory inception (both selectors), each at
+its calibrated strength, with controls, for the ten Big Five steering directions.
+
+For each direction (a trait, towards it ``+`` or away from it ``-``) everything is frozen on
+calibration data first (``hf_memory/data/calibration_pairs.json``, disjoint from every scored
+item): the target bank (and the reference bank, the opposite descriptor), the behavioural and
+the diagnostic selector, the CAA vector and its scale. Then each method is scored on
+
+- the **likelihood task**: 80 held-out contrast pairs (``data/trait_pairs.json``, 16 per trait):
+  margin log p(trait-high reply) − log p(trait-low reply), per item;
+- the **questionnaire**: IPIP-50 expected Likert answers, acquiescence-corrected per trait.
+
+Both go through the ``steering_shift`` metric (target shift, drift, DAS, bootstrap 95 %
+intervals). Beside each memory condition the same sites and gains carry a neutral bank and the
+reference bank (what any bank does; the target-minus-reference directional effect); beside the
+prompt, the neutral text and the reference descriptor as prompts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from hf_memory import (
+    BankSet,
+    CAAMethod,
+    CAAVectors,
+    MemoryBank,
+    MemoryMethod,
+    Method,
+    PlainMethod,
+    PromptMethod,
+    Selector,
+    kv_footprint,
+)
+from hf_memory.calibration import (
+    calibration_pairs,
+    calibration_prompts,
+    direction_parts,
+    neutral_text,
+    oriented,
+)
+from hf_memory.likelihood import pair_margins
+from hf_memory.selector import DEFAULT_GAINS
+from hf_memory.site_search import ShiftObjective, best_strength
+
+from .bigfive import CAA_FRAMES, answer_items, load_items
+from .metrics import load_metric
+from .names import DIRECTIONS, FACTORS
+
+__all__ = ["DIRECTIONS", "TraitSteeringConfig", "eval_pairs", "run_layer_ablation",
+           "run_trait_steering"]
+
+EVAL_PATH = Path(__file__).parent / "data" / "trait_pairs.json"
+CONTROL_OF = {"memory": ("memory-neutral", "memory-reference"),
+              "prompt": ("prompt-neutral", "prompt-reference")}
+
+
+def eval_pairs(limit: int | None = None) -> list[dict[str, Any]]:
+    """The held-out likelihood items; ``limit`` per trait (answers and statements alternate)."""
+    items = json.loads(EVAL_PATH.read_text())["items"]
+    if limit is None:
+        return items
+    kept = []
+    for trait in FACTORS:
+        mine = [i for i in items if i["trait"] == trait]
+        answers = [i for i in mine if i["kind"] == "answer"]
+        statements = [i for i in mine if i["kind"] == "statement"]
+        mixed = [x for pair in zip(answers, statements, strict=False) for x in pair]
+        kept += mixed[:limit]
+    return kept
+
+
+@dataclass
+class TraitSteeringConfig:
+    """Knobs of the task (recorded in the results)."""
+
+    directions: Sequence[str] = DIRECTIONS
+    limit: int | None = None
+    questionnaire_limit: int | None = None
+    top_layers: int = 5
+    candidate_layers: Sequence[int] | None = None
+    gains: Sequence[float] = DEFAULT_GAINS
+    calibration_pairs: int = 6
+    bank_context: str = "system"
+    bank_template: str = "{text}"
+    caa_layer: int = 10
+    caa_scales: Sequence[float] = (1.0, 2.0, 4.0, 8.0, 16.0)
+    caa_start: str = "all"
+    controls: bool = True
+    diagnostic: bool = True
+    batch_size: int = 16
+    num_bootstrap: int = 1000
+    seed: int = 0
+    selectors_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = [d for d in self.directions if d not in DIRECTIONS]
+        if bad or not self.directions:
+            raise ValueError(f"directions must be among {', '.join(DIRECTIONS)}; got "
+                             f"{list(self.directions)}")
+        if self.caa_start not in ("all", "instruction"):
+            raise ValueError(f"caa_start must be 'all' or 'instruction', got {self.caa_start!r}")
+        if not 1 <= self.calibration_pairs <= 8:
+            raise ValueError("calibration_pairs must be between 1 and 8 per trait")
+        self.directions = list(self.directions)
+
+
+class _CAAFrom(CAAMethod):
+    """CAA starting at the first position (``caa_start='all'``), as memory does."""
+
+    def attach(self, model, instruction_end):
+        from hf_memory import apply_caa
+
+        return apply_caa(model, self.vectors, scale=self.scale, start_position=0)
+
+
+def _bank(model, tokenizer, text: str, role: str, name: str, config) -> MemoryBank:
+    return MemoryBank.from_text(model, tokenizer, text, role=role, name=name,
+                                template=config.bank_template, context=config.bank_context)
+
+
+def _site_mass(model, tokenizer, method: MemoryMethod, prompts: Sequence[str]) -> dict[str, Any]:
+    """Mean routing mass (prompt / each bank) per steered layer over ``prompts``."""
+    from hf_memory.chat import encode_chats
+    from hf_memory.steering import steer
+
+    batch = encode_chats(tokenizer, [method.messages(p) for p in prompts]).to(model.device)
+    with steer(model, method.banks, selector=method.selector, **method.steering) as handle:
+        handle.record_routing()
+        model(**batch, use_cache=False)
+        routing = handle.routing()
+    valid = batch["attention_mask"].bool()
+    names = ["prompt", *[b.name for b in method.banks]]
+    masses = {}
+    for layer, (pi,) in routing.items():
+        mean = pi.float().mean(1)[valid].mean(0)  # over heads, then valid positions
+        masses[str(layer)] = {n: round(float(m), 4) for n, m in zip(names, mean, strict=True)}
+    return masses
+
+
+def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[str, Any]:
+    """Calibrate and score every direction; return the task's results (see module docstring)."""
+    torch.manual_seed(config.seed)
+    items = eval_pairs(config.limit)
+    questions = load_items(config.questionnaire_limit)
+    metric = load_metric("steering_shift")
+    cache: dict[str, dict[str, list[float]]] = {}
+
+    def measure(key: str, method: Method, questionnaire: bool) -> dict[str, list[float]]:
+        entry = cache.setdefault(key, {})
+        if "likelihood" not in entry:
+            pairs = [oriented(i, 1) for i in items]
+            entry["likelihood"] = pair_margins(model, tokenizer, pairs, method=method,
+                                               batch_size=config.batch_size).tolist()
+        if questionnaire and "questionnaire" not in entry:
+            answers = answer_items(model, tokenizer, method, questions, config.batch_size)
+            entry["questionnaire"] = [a["expected"] for a in answers]
+        return entry
+
+    def shift(key: str, direction: str, task: str) -> dict[str, Any]:
+        plain = cache["plain"][task]
+        rows = items if task == "likelihood" else questions
+        keys = None if task == "likelihood" else [q["key"] for q in questions]
+        result = metric.compute(predictions=cache[key][task], references=plain,
+                                traits=[r["trait" if task == "likelihood" else "factor"]
+                                        for r in rows],
+                                keys=keys, target=direction[0],
+                                direction=1 if direction[1] == "+" else -1,
+                                num_bootstrap=config.num_bootstrap, seed=config.seed)
+        if task == "questionnaire":
+            result["acquiescence"] = (sum(cache[key][task]) - sum(plain)) / len(plain)
+        return result
+
+    measure("plain", PlainMethod(), True)
+    neutral = neutral_text()
+    if config.controls:
+        measure("prompt-neutral", PromptMethod(neutral, tokenizer=tokenizer), False)
+    prompts = calibration_prompts()
+    runs, setups = [], {}
+    for direction in tqdm(config.directions, desc="trait steering"):
+        _, _, target, reference = direction_parts(direction)
+        pairs, drift = calibration_pairs(direction, config.calibration_pairs)
+        objective = ShiftObjective(model, tokenizer, pairs, drift, batch_size=config.batch_size)
+        target_bank = _bank(model, tokenizer, target, "target", f"{direction}", config)
+        reference_bank = _bank(model, tokenizer, reference, "reference", f"{direction}~", config)
+        banks = BankSet([target_bank], model=model)
+        selector = Selector.calibrate_behavioural(
+            model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
+            candidate_layers=config.candidate_layers, gains=config.gains,
+            batch_size=config.batch_size, progress=False)
+        if config.selectors_dir is not None:
+            selector.save_pretrained(Path(config.selectors_dir) / direction)
+        methods: dict[str, Method] = {
+            "prompt": PromptMethod(target, tokenizer=tokenizer),
+            "memory": MemoryMethod(banks, selector),
+        }
+        vectors = CAAVectors.extract(model, tokenizer, [(f.format(target), f.format(reference))
+                                                        for f in CAA_FRAMES],
+                                     layers=[config.caa_layer])
+        caa_class = _CAAFrom if config.caa_start == "all" else CAAMethod
+        scale, caa_rows = best_strength(
+            objective, lambda s, c=caa_class, v=vectors: c(v, scale=s), config.caa_scales)
+        methods["caa"] = caa_class(vectors, scale=scale)
+        setup: dict[str, Any] = {
+            "calibration_pairs": [list(p) for p in pairs], "caa": {"layer": config.caa_layer,
+                                                                   "scale": scale,
+                                                                   "start": config.caa_start,
+                                                                   "calibration": caa_rows},
+            "memory": {"layers": selector.layers, "gain": selector.layer_gains,
+                       "search": selector.config["history"],
+                       "objective": selector.config["best"],
+                       "routing_mass": _site_mass(model, tokenizer, methods["memory"],
+                                                  prompts[:4]),
+                       "bank_slots": target_bank.num_slots},
+        }
+        if config.diagnostic:
+            contrastive = BankSet([target_bank, reference_bank], model=model)
+            diagnostic = Selector.calibrate(model, tokenizer, contrastive, prompts,
+                                            top_layers=config.top_layers, progress=False)
+            methods["memory-diagnostic"] = MemoryMethod(contrastive, diagnostic)
+            setup["memory-diagnostic"] = {
+                "layers": diagnostic.layers,
+                "units": {str(k): v for k, v in diagnostic.units.items()},
+                "routing_mass": _site_mass(model, tokenizer, methods["memory-diagnostic"],
+                                           prompts[:4])}
+        if config.controls:
+            same_sites = {"selector": selector}
+            neutral_bank = _bank(model, tokenizer, neutral, "target", "neutral", config)
+            as_target = MemoryBank.from_tensors(reference_bank.keys, reference_bank.values,
+                                                name=f"{direction}~", role="target",
+                                                layers=reference_bank.layers,
+                                                provenance=reference_bank.provenance)
+            methods["memory-neutral"] = MemoryMethod(BankSet([neutral_bank], model=model),
+                                                     **same_sites)
+            methods["memory-reference"] = MemoryMethod(BankSet([as_target], model=model),
+                                                       **same_sites)
+            methods["prompt-reference"] = PromptMethod(reference, tokenizer=tokenizer)
+        setups[direction] = setup
+        for name, method in methods.items():
+            key = {"prompt": f"prompt:{target}", "prompt-reference": f"prompt:{reference}",
+                   "prompt-neutral": "prompt-neutral"}.get(name, f"{name}:{direction}")
+            questionnaire = name in ("prompt", "caa", "memory", "memory-diagnostic")
+            measure(key, method, questionnaire)
+            run = {"direction": direction, "method": name, "key": key,
+                   "likelihood": shift(key, direction, "likelihood")}
+            if questionnaire:
+                run["questionnaire"] = shift(key, direction, "questionnaire")
+            runs.append(run)
+        if config.controls:
+            runs.append({"direction": direction, "method": "prompt-neutral",
+                         "key": "prompt-neutral",
+                         "likelihood": shift("prompt-neutral", direction, "likelihood")})
+        footprint = kv_footprint(model, banks, tokenizer(target, return_tensors="pt",
+                                                         add_special_tokens=False).input_ids,
+                                 layers=selector.layers)
+        setup["kv"] = footprint.as_dict()
+    return {"runs": runs, "summary": summarize(runs), "setups": setups,
+            "config": {k: v for k, v in asdict(config).items() if k != "extra"},
+            "items": {"likelihood": len(items), "questionnaire": len(questions),
+                      "source": json.loads(EVAL_PATH.read_text())["source"]},
+            "scores": cache}
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per method and task: mean target shift, drift, DAS over directions; directions moved the
+    right way (point estimate > 0) and significantly so (interval above 0)."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        for task in ("likelihood", "questionnaire"):
+            if task not in run:
+                continue
+            entry = table.setdefault(run["method"], {}).setdefault(
+                task, {"target_shift": [], "drift": [], "das": [], "right_way": 0,
+                       "significant": 0, "directions": 0})
+            result = run[task]
+            for name in ("target_shift", "drift", "das"):
+                entry[name].append(result[name])
+            entry["directions"] += 1
+            entry["right_way"] += result["target_shift"] > 0
+            entry["significant"] += result.get("target_shift_ci", [0.0])[0] > 0
+    for methods in table.values():
+        for entry in methods.values():
+            for name in ("target_shift", "drift", "das"):
+                entry[name] = sum(entry[name]) / len(entry[name])
+    return table
+
+
+def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
+                       max_layers: int = 8) -> dict[str, Any]:
+    """Paper figure 3: effect and KV footprint as the number of steered layers grows.
+
+    For each direction the behavioural search ranks layers alone (stage 1); the top ``k`` of
+    that ranking, at the gain the search chose, are scored on the held-out likelihood items for
+    k = 1 … ``max_layers``, beside the visible prompt's effect and KV bytes.
+    """
+    items = eval_pairs(config.limit)
+    pairs_all = [oriented(i, 1) for i in items]
+    traits = [i["trait"] for i in items]
+    metric = load_metric("steering_shift")
+    plain = pair_margins(model, tokenizer, pairs_all, batch_size=config.batch_size).tolist()
+    rows = []
+    for direction in tqdm(config.directions, desc="layer ablation"):
+        _, _, target, _ = direction_parts(direction)
+        pairs, drift = calibration_pairs(direction, config.calibration_pairs)
+        bank = _bank(model, tokenizer, target, "target", direction, config)
+        banks = BankSet([bank], model=model)
+        selector = Selector.calibrate_behavioural(
+            model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
+            candidate_layers=config.candidate_layers, gains=config.gains,
+            batch_size=config.batch_size, progress=False)
+        singles = selector.config["history"][:len(selector.candidate_layers)]
+        ranking = [s["layers"][0] for s in sorted(singles, key=lambda s: -s["score"])]
+        gain = next(iter(selector.layer_gains.values()))
+        descriptor = tokenizer(target, return_tensors="pt", add_special_tokens=False).input_ids
+
+        def score(method: Method, direction: str = direction) -> dict[str, Any]:
+            margins = pair_margins(model, tokenizer, pairs_all, method=method,
+                                   batch_size=config.batch_size).tolist()
+            return metric.compute(predictions=margins, references=plain, traits=traits,
+                                  target=direction[0],
+                                  direction=1 if direction[1] == "+" else -1,
+                                  num_bootstrap=config.num_bootstrap, seed=config.seed)
+
+        prompt = PromptMethod(target, tokenizer=tokenizer)
+        entry = {"direction": direction, "ranking": ranking, "gain": gain,
+                 "selected": selector.layers, "prompt": score(prompt),
+                 "prompt_kv_bytes": prompt.guidance_kv_bytes(model, tokenizer,
+                                                             items[0]["question"]),
+                 "steps": []}
+        for k in range(1, min(max_layers, len(ranking)) + 1):
+            layers = sorted(ranking[:k])
+            method = MemoryMethod(banks, layers=layers, layer_gains=dict.fromkeys(layers, gain))
+            footprint = kv_footprint(model, banks, descriptor, layers=layers)
+            entry["steps"].append({"layers": layers, "bank_bytes": footprint.bank_bytes,
+                                   **score(method)})
+        rows.append(entry)
+    return {"rows": rows, "config": {k: v for k, v in asdict(config).items() if k != "extra"},
+            "max_layers": max_layers}
