@@ -145,3 +145,42 @@ def test_pools_that_cannot_exist_are_left_out():
     assert set(pools) == {"0var/train", "1var/train", "2var/train"}
     with pytest.raises(ValueError, match="restricted variables on both operand sides"):
         sample_batch(task, 4, torch.Generator().manual_seed(0), bad_positions=1)
+
+
+def test_evaluation_never_changes_the_training_models_device_or_dtype(monkeypatch):
+    """The periodic evaluation gets a copy of the model, never the training model itself:
+    evaluators that move their model to the meta device and cast it to float64 afterwards (what
+    ``model.to("cpu")`` did in place to a model training on a GPU) leave every training
+    parameter's device, dtype and storage as they were, and the run's weights and log equal those
+    of a run with well-behaved evaluators. Needs no GPU."""
+    import modeling.arith.training_arith as training
+
+    train = TrainConfig(steps=3, batch_size=16, eval_every=1, eval_pool_size=16,
+                        final_pool_size=16, probe_batch_size=32, threads=1, progress=False)
+    threads = torch.get_num_threads()
+    try:
+        clean_model, clean_log = train_arith(CONFIG, TASK, train)
+        evaluated: list[torch.nn.Module] = []
+        real_progress = training.progress_measures
+
+        def hostile_progress(model, *args):
+            result = real_progress(model, *args)
+            evaluated.append(model)
+            model.to(torch.float64)
+            model.to("meta")
+            return result
+
+        monkeypatch.setattr(training, "progress_measures", hostile_progress)
+        model, log = train_arith(CONFIG, TASK, train)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(evaluated) == 4 and all(m is not model for m in evaluated)
+    assert all(p.device.type == "meta" for m in evaluated for p in m.parameters())
+    clean = dict(clean_model.named_parameters())
+    for name, p in model.named_parameters():
+        assert (p.device, p.dtype) == (clean[name].device, clean[name].dtype), name
+        assert (p.device.type, p.dtype) == ("cpu", torch.float32), name
+        assert torch.equal(p, clean[name]), name
+    strip = lambda h: {k: v for k, v in h.items() if k != "elapsed_s"}  # noqa: E731
+    assert [strip(h) for h in log["history"]] == [strip(h) for h in clean_log["history"]]
+    assert log["final"]["accuracy"] == clean_log["final"]["accuracy"]

@@ -13,6 +13,8 @@ from modeling.asm import (
     causal_linear_attention_ref,
     slot_states_ref,
 )
+from modeling.asm.asm_kernels import _band_width, _scan_bands
+from modeling.asm.modeling_asm import alibi_slopes
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 SHAPES = [(1, 1, 1, 1, 1), (2, 63, 4, 16, 8), (1, 17, 3, 7, 5), (2, 40, 2, 4, 6), (3, 9, 1, 2, 3)]
@@ -214,3 +216,93 @@ def test_causal_linear_attention_chunked_matches_reference(b, t, h, m, chunk):
     g = torch.autograd.grad((out.double() * proj).sum(), leaves32)
     for a, e in zip(g, g_ref, strict=True):
         torch.testing.assert_close(a.double(), e, **TOL)
+
+
+def steep_inputs(case: str, b: int = 2, t: int = 130, h: int = 2, k: int = 3, d: int = 4,
+                 dtype: torch.dtype = torch.float32, left: int | None = None) -> dict:
+    """Scan inputs whose write logits rise steeply over the real tokens (positions counted from
+    0 in each row; row 0 left-padded by ``t // 3`` or ``left`` positions, row 1 right-padded):
+    ``rise2`` adds 2 per token to every slot; ``recency4`` is the model's recency bias at
+    strength 4, ``4 a_h p`` with the ALiBi slopes of an 8-head layer (2 and 1 per token for the
+    first two heads); ``rise50`` adds 50 per token (more bands than any chunk has positions
+    would need without their cap)."""
+    x = make_inputs(b, t, h, k, d)
+    if left is not None:
+        x["logits"][0] = torch.randn(h, t, k) * 2.0
+        x["logits"][0, :, :left] = float("-inf")
+    valid = torch.isfinite(x["logits"][:, 0, :, 0])  # [B, T]
+    pos = (valid.cumsum(1) - 1).clamp_min(0).to(torch.float32)[:, None, :, None]
+    if case == "recency4":
+        slopes = torch.tensor(alibi_slopes(8)[:h])[None, :, None, None]
+        ramp = 4.0 * slopes * pos
+    else:
+        ramp = {"rise2": 2.0, "rise50": 50.0}[case] * pos
+    x["logits"] = x["logits"] + ramp
+    return {name: v.to(dtype) for name, v in x.items()}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+@pytest.mark.parametrize("case", ["rise2", "recency4", "rise50"])
+def test_steep_logits_chunk_64_match_chunk_1_and_reference(case, fused):
+    """Issue 15: write logits rising by more than ~88 inside one chunk underflowed the early
+    positions' denominators (zeros, then NaN). At chunk 64 in float32 the outputs and every input
+    gradient are finite and equal chunk 1 and the float64 O(T^2) reference (rtol = atol = 1e-5)."""
+    inputs = steep_inputs(case)
+    weight = torch.randn(3, 3)
+    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, fused)
+    one_out, one_grad = run(asa_attend_chunked, inputs, weight, torch.float32, fused,
+                            chunk_size=1)
+    out, grad = run(asa_attend_chunked, inputs, weight, torch.float32, fused, chunk_size=64)
+    for a, one, e in zip(out + grad, one_out + one_grad, ref_out + ref_grad, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, **TOL)
+        torch.testing.assert_close(a, one, **TOL)
+
+
+def test_steep_logits_need_bands_but_at_most_one_per_position():
+    """The banded references: a chunk whose running max rises by less than ~40 (float32) needs
+    one reference; logits rising by 2 per token need ceil(126 / 40) = 4 in a chunk of 64; however
+    steep, never more bands than the chunk has positions."""
+    flat = make_inputs(2, 130, 2, 3, 4)["logits"]
+    m = torch.full((2, 2, 3), float("-inf"))
+    width = _band_width(torch.float32)
+    assert 39 < width < 40
+    assert _scan_bands(flat, m, 64, width).count == [1, 1, 1]
+    assert _scan_bands(steep_inputs("rise2")["logits"], m, 64, width).count[0] == 4
+    counts = _scan_bands(steep_inputs("rise50")["logits"], m, 64, width).count
+    assert counts[0] == 64 and counts[2] == 2
+    assert _scan_bands(steep_inputs("rise50")["logits"], m, 1, width).count == [1] * 130
+
+
+@pytest.mark.parametrize("case", ["rise2", "recency4"])
+def test_steep_logits_prefill_equals_token_by_token_decode(case):
+    """Prefill of 70 steep positions at chunk 64, then one-token steps from the returned state
+    (the decode path), equal one pass and the float64 reference; so does the final state."""
+    x = steep_inputs(case, t=90)
+    ref = asa_attend_ref(**x)[0]
+    full = asa_attend_chunked(**x, chunk_size=64)
+    head = asa_attend_chunked(**{n: (v[:, :, :70] if v.dim() == 4 else v) for n, v in x.items()},
+                              chunk_size=64)
+    state, pieces = head[3], [head[0]]
+    for i in range(70, 90):
+        step = asa_attend_chunked(**{n: (v[:, :, i:i + 1] if v.dim() == 4 else v)
+                                     for n, v in x.items()}, chunk_size=64, state=state)
+        pieces.append(step[0])
+        state = step[3]
+    decoded = torch.cat(pieces, dim=2)
+    assert torch.isfinite(decoded).all()
+    torch.testing.assert_close(decoded.double(), ref, **TOL)
+    torch.testing.assert_close(decoded, full[0], **TOL)
+    for a, e in zip((state.m, state.den, state.num), (full[3].m, full[3].den, full[3].num),
+                    strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_steep_logits_float64_chunked_matches_reference():
+    """The chunked form in float64 (bands of ~319) on logits rising by 50 per token."""
+    inputs = steep_inputs("rise50", t=70, dtype=torch.float64)
+    weight = torch.randn(3, 3)
+    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, False)
+    out, grad = run(asa_attend_chunked, inputs, weight, torch.float64, False, chunk_size=64)
+    for a, e in zip(out + grad, ref_out + ref_grad, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)

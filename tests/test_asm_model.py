@@ -152,6 +152,30 @@ def test_prefill_then_recurrent_decode_equals_full_forward(prefill):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL)
 
 
+def test_recency_strength_4_prefill_equals_decode_and_chunk_1():
+    """Issue 15: with recency strength 4 the first of 8 heads' write logits rise by 2 per
+    token, more than float32's exponent range inside a chunk of 64 (the old chunked scan gave
+    NaN). Prefill at chunk 64 is finite and equals chunk 1 and prefill + token-by-token decode,
+    with a left-padded row."""
+    model = tiny_model(num_attention_heads=8, hidden_size=32, recency_strength_init=4.0,
+                       chunk_size=64)
+    ids = torch.randint(1, VOCAB, (2, 75))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    full = model(ids, attention_mask=mask, use_cache=False).logits
+    assert torch.isfinite(full).all()
+    model.config.chunk_size = 1
+    torch.testing.assert_close(model(ids, attention_mask=mask, use_cache=False).logits, full,
+                               **TOL)
+    model.config.chunk_size = 64
+    out = model(ids[:, :70], attention_mask=mask[:, :70], use_cache=True)
+    pieces = [out.logits]
+    for i in range(70, ids.shape[1]):
+        pieces.append(model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
+                            past_key_values=out.past_key_values, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL)
+
+
 def test_decode_state_does_not_grow_with_length():
     model = tiny_model()
     cache = model(torch.randint(1, VOCAB, (1, 5)), use_cache=True).past_key_values

@@ -23,6 +23,8 @@ from modeling.asm.asm_kernels import (  # noqa: E402
     slot_scores_ref,
     slot_scores_triton,
 )
+from tests.test_asm_kernels import run as run_kernels  # noqa: E402
+from tests.test_asm_kernels import steep_inputs  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 SHAPES = [(1, 1, 1, 1, 1), (2, 7, 2, 3, 5), (1, 12, 1, 16, 8), (2, 5, 3, 6, 3)]
@@ -168,3 +170,54 @@ def test_dispatcher(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="triton"):
         asa_attend(*args, backend="triton")
+
+
+@pytest.mark.parametrize("case, op, t", [("rise2", "scores", 130), ("recency4", "read", 70)])
+def test_kernels_on_steep_logits_match_reference(case, op, t):
+    """Issue 15, Triton side: write logits rising by 2 per token (to ~260) / the recency bias at
+    strength 4; the recurrent kernels (running max rescaled at every token) give finite outputs
+    and gradients equal to the float64 reference. (A backward that subtracted an absolute
+    log-sum-exp lost ~ulp(260) in every weight: dv off by 2x the tolerance at T = 130.)"""
+    x = steep_inputs(case, b=1, t=t, left=4)
+    logits, v = x["logits"], x["v"]
+    b, h, t, k = logits.shape
+    first = torch.randn(b, h, t, k) if op == "read" else torch.randn(b, h, t, v.shape[-1])
+    kernel, ref = ((slot_read_triton, slot_read_ref) if op == "read"
+                   else (slot_scores_triton, slot_scores_ref))
+    out, grads = outputs_and_grads(kernel, [first, logits, v], torch.float32)
+    ref_out, ref_grads = outputs_and_grads(ref, [first, logits, v], torch.float64)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref_out, **TOL)
+    for a, e in zip(grads, ref_grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, **TOL)
+
+
+@pytest.mark.parametrize("case, fused", [("rise2", False), ("recency4", True)],
+                         ids=["rise2-split", "recency4-fused"])
+def test_asa_attend_triton_equals_chunked_on_steep_logits(case, fused):
+    """The Triton scan + read equals the PyTorch chunked path at chunk 64 on steep logits:
+    outputs, read weights and the gradients of every input (rtol = atol = 1e-5)."""
+    x = steep_inputs(case, b=1, t=70, left=4)  # chunk 0's running max rises by ~120
+    weight = torch.randn(3, 3)
+    out, grad = run_kernels(asa_attend_triton, x, weight, torch.float32, fused)
+    chunked_out, chunked_grad = run_kernels(asa_attend_chunked, x, weight, torch.float32, fused,
+                                            chunk_size=64)
+    for a, e in zip(out + grad, chunked_out + chunked_grad, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_model_with_recency_strength_4_on_triton_equals_torch():
+    """A model whose layers have recency strength 4 (2 per token in the first of 8 heads):
+    the Triton prefill equals the PyTorch prefill at chunk 64, both finite."""
+    ids = torch.randint(1, 31, (1, 70))
+    config = dict(vocab_size=31, hidden_size=16, num_hidden_layers=1, num_attention_heads=8,
+                  num_slots=3, slot_space_dim=4, chunk_size=64, recency_strength_init=4.0,
+                  initializer_range=0.3)
+    torch.manual_seed(0)
+    expected = ASMForCausalLM(ASMConfig(**config)).eval()(ids).logits
+    torch.manual_seed(0)
+    model = ASMForCausalLM(ASMConfig(scan_backend="triton", **config)).eval()
+    assert torch.isfinite(expected).all()
+    torch.testing.assert_close(model(ids).logits, expected, **TOL)

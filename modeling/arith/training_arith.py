@@ -7,6 +7,7 @@ plotted while it trains or after it was stopped.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -111,6 +112,14 @@ def evaluate_pools(
     return result
 
 
+def _evaluation_copy(model: ArithTransformer) -> ArithTransformer:
+    """A CPU copy of ``model`` for the periodic evaluation (the pools and the progress measures
+    run on the CPU). ``Module.to`` moves a module in place, so evaluating the training model
+    itself would leave a model training on a GPU on the CPU; whatever the evaluation does to its
+    copy (mode, device, dtype) never reaches the training model or its optimizer."""
+    return copy.deepcopy(model).to("cpu")
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -172,16 +181,15 @@ def train_arith(
     running, count = 0.0, 0
 
     def record(step: int) -> None:
-        model_cpu = model if device.type == "cpu" else model.to("cpu")
+        evaluated = _evaluation_copy(model)
         entry = {
             "step": step,
             "loss": running / count if count else None,
-            "accuracy": evaluate_pools(model_cpu, pools),
-            "progress": progress_measures(model_cpu, task, probe_batch),
+            "accuracy": evaluate_pools(evaluated, pools),
+            "progress": progress_measures(evaluated, task, probe_batch),
             "elapsed_s": time.perf_counter() - start,
         }
-        if model_cpu is not model:
-            model.to(device)
+        del evaluated
         log["history"].append(entry)
         if out_dir is not None:
             _write_json(out_dir / "log.json", log)

@@ -7,8 +7,10 @@ width. Masked (padding) positions carry write logits of ``-inf`` and write nothi
   weights ``r = softmax((key_logits + gamma * <q, slot(t)>) / read_temperature)``, an optional
   refinement ``w = refine(r)`` and the contractions ``o = sum_s r slot_s(t)``,
   ``delta = sum_s w slot_s(t)``. The chunked form never materialises ``[B, H, T, K, d]``: inside a
-  chunk it uses one reference max per slot, ``c = max(m_prev, max over the chunk)``, so it is
-  exact and independent of the chunk size.
+  chunk all terms of one position share one reference per slot (the chunk's max
+  ``c = max(m_prev, max over the chunk)``, lowered in steps of about 40 for positions whose
+  running max is far below it, so no denominator underflows), so it is exact and independent of
+  the chunk size.
 * ``causal_linear_attention``: ``out_t = phi_q_t S_t / (phi_q_t . Z_t)`` with
   ``S_t = sum_{tau<=t} phi_k_tau v_tau^T`` and ``Z_t = sum_{tau<=t} phi_k_tau``.
 
@@ -24,6 +26,7 @@ dispatch. See README.md beside this file for the maths.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,6 +144,58 @@ def asa_attend_ref(
     return o, r, torch.einsum("bhtk,bhtkd->bhtd", w, slots)
 
 
+def _band_width(dtype: torch.dtype) -> float:
+    """Width ``X`` of one reference band of the chunked scan, ``0.45 log(max float)``: about 40
+    in float32, 319 in float64. Within a band ``1 / D <= e^X`` and its square (in the
+    reciprocal's gradient) stay finite, and every term that can matter,
+    ``e^(l - ref) >= e^(-X - 40)``, is a normal number."""
+    return 0.45 * math.log(torch.finfo(dtype).max)
+
+
+@dataclass
+class _Bands:
+    """Reference bands of the chunked scan for every position (see :func:`_scan_bands`)."""
+
+    mu: torch.Tensor  # running max [B, H, T, K], -inf before a slot's first write
+    level: torch.Tensor | None  # [B, H, T, K]: floor((c - mu) / X), c the chunk's reference
+    rank: torch.Tensor | None  # [B, H, T, K] long: index of the position's band in its chunk
+    count: list[int]  # bands per chunk
+
+
+def _scan_bands(logits: torch.Tensor, m: torch.Tensor, step: int, width: float) -> _Bands:
+    """Assign every position ``t`` of slot ``s`` to a reference band, one host sync in all.
+
+    ``mu_s(t) = max(m_s, max_{tau<=t} l_{s,tau})`` and, in a chunk whose reference is
+    ``c_s = mu_s(chunk end)``, ``level = floor((c_s - mu_s(t)) / X)``: position ``t`` is weighed
+    against ``c_s - level X``, which lies within ``X`` above ``mu_s(t)``. ``level`` is
+    non-increasing over a chunk; ``rank`` numbers its distinct values per slot from the chunk's
+    end (rank 0 is level 0, the reference ``c_s`` itself), so a chunk needs
+    ``max rank + 1 <= C`` bands however steep its logits (1 when its running max rises by less
+    than ``X``).
+    """
+    t = logits.shape[2]
+    mu = torch.maximum(m.unsqueeze(2), logits.detach().cummax(dim=2).values)
+    if step == 1:
+        return _Bands(mu, None, None, [1] * t)
+    idx = torch.arange(t, device=mu.device)
+    starts = idx // step * step
+    ends = torch.clamp(starts + step - 1, max=t - 1)
+    written = torch.isfinite(mu)
+    level = torch.floor(torch.where(written, mu.index_select(2, ends) - mu,
+                                    torch.zeros_like(mu)) / width)
+    if not bool(level.any()):  # the usual case: one reference per chunk
+        return _Bands(mu, None, None, [1] * ((t + step - 1) // step))
+    change = torch.zeros_like(written)
+    change[:, :, 1:] = (written[:, :, 1:] & written[:, :, :-1]
+                        & (level[:, :, 1:] != level[:, :, :-1]))
+    change &= (idx % step != 0)[:, None]
+    seen = change.cumsum(dim=2)
+    rank = seen.index_select(2, ends) - seen  # band changes after t: 0 at the chunk's end
+    top = rank.amax(dim=(0, 1, 3))  # [T]
+    top = torch.cat([top, top.new_zeros((-t) % step)]).view(-1, step).amax(dim=1)
+    return _Bands(mu, level, rank, [int(x) + 1 for x in top.tolist()])
+
+
 def asa_attend_chunked(
     logits: torch.Tensor,
     v: torch.Tensor,
@@ -156,13 +211,23 @@ def asa_attend_chunked(
     """Exact chunk-parallel scan + read; same arguments and results as :func:`asa_attend_ref`,
     computed in ``float32`` or wider, plus the final :class:`ScanState`.
 
-    Per chunk of ``C`` positions and slot ``s``, with the reference ``c_s = max(m_s, max_chunk l)``
-    (detached: the result does not depend on it) and ``E[tau, s] = exp(l[tau, s] - c_s)``:
-    ``D(t) = den e^(m-c) + sum_{tau<=t} E``, and for any weights ``a``
-    ``sum_s a_s slot_s(t) = (a / D)(t) @ num e^(m-c) + sum_{tau<=t} [(a / D)(t) @ E^T][tau] v_tau``.
-    Activations kept for the backward pass are ``O(T (C + K))`` per head plus one ``[K, d]``
-    state per chunk. A chunk whose logits for one slot span more than about 80 (float32
-    exponent range) loses the smallest terms to underflow; the references do not.
+    Per chunk of ``C`` positions and slot ``s``: the chunk's reference
+    ``c_s = max(m_s, max_chunk l)``, the running max ``mu_s(t)`` (the carried ``m_s`` included)
+    and, for position ``t``, the banded reference ``ref_s(t) = c_s - X floor((c_s - mu_s(t)) / X)``
+    (``X``: :func:`_band_width`, about 40 in float32), so ``mu_s(t) - ref_s(t)`` lies in
+    ``(-X, 0]``. The distinct references of a chunk are its bands ``j = 0 .. J-1`` (band 0 is
+    ``c``; ``J = 1`` unless the running max rises by ``X`` or more inside the chunk, and
+    ``J <= C``). With ``E_j[tau, s] = exp(min(l[tau, s] - ref_{j,s}, 1))`` (the clamp only
+    touches terms that no position of band ``j`` reads) and
+    ``D_j(t) = den e^(m - ref_j) + sum_{tau<=t} E_j[tau]``, which is ``>= e^-X`` in band ``j``
+    (no underflow, however steep the logits), and for any weights ``a``
+    ``sum_s a_s slot_s(t) = sum_j [A_j(t) @ num e^(m - ref_j)
+    + sum_{tau<=t} [A_j(t) @ E_j^T][tau] v_tau]`` with ``A_j = a / D_j`` in band ``j`` and 0
+    elsewhere. Exact for any chunk size: every position's terms share one reference. The bands
+    are one matmul over a ``J K`` inner dimension (``[C, C]`` and ``[C, J K]`` matrices per
+    chunk, never ``[C, C, K]`` beyond ``J = C``); the references are detached (the result does
+    not depend on them). Activations kept for the backward pass are ``O(T (C + J K))`` per head
+    plus ``J`` ``[K, d]`` states per chunk.
     """
     b, h, t, k = logits.shape
     d = v.shape[-1]
@@ -174,37 +239,65 @@ def asa_attend_chunked(
         state = ScanState.empty(b, h, k, d, v.device, dt)
     m, den, num = state.m.to(dt), state.den.to(dt), state.num.to(dt)
     step = max(1, min(chunk_size, t))
+    width = _band_width(dt)
+    bands = _scan_bands(logits, m, step, width)
     tril = torch.ones(step, step, dtype=torch.bool, device=v.device).tril()
-    saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
     reads: list[torch.Tensor] = []
-    for start in range(0, t, step):
+    for i, start in enumerate(range(0, t, step)):
         end = min(t, start + step)
         n = end - start
+        nb = bands.count[i]
         mask = tril[:n, :n]
         lc, vc, qc = logits[:, :, start:end], v[:, :, start:end], q[:, :, start:end]
-        c = torch.maximum(m, lc.amax(dim=2)).detach()
-        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
-        carry = torch.exp(m - c)  # [B, H, K]; 0 before the first write
-        e = torch.exp(lc - c.unsqueeze(2))  # [B, H, n, K]
-        inv = _safe_reciprocal((den * carry).unsqueeze(2) + e.cumsum(dim=2))
-        num_prev = num * carry.unsqueeze(-1)  # [B, H, K, d]
+        mu = bands.mu[:, :, start:end]  # [B, H, n, K], detached
+        written = torch.isfinite(mu)
+        c = mu[:, :, -1]
+        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # [B, H, K]
+        if nb == 1:  # every position against c: l - c <= 0, nothing to clamp
+            refs = c.unsqueeze(2)  # [B, H, 1, K]
+            in_band = written.unsqueeze(3)
+            carry = torch.exp(m.unsqueeze(2) - refs)  # 0 before the first write
+            e = torch.exp(lc.unsqueeze(3) - refs.unsqueeze(2))
+        else:
+            rank = bands.rank[:, :, start:end]
+            ref = torch.where(written, c.unsqueeze(2) - width * bands.level[:, :, start:end],
+                              float("-inf"))
+            refs = torch.full((b, h, nb, k), float("-inf"), device=v.device, dtype=dt)
+            refs = refs.scatter_reduce(2, rank, ref, "amax")  # one value per (band, slot)
+            refs = torch.where(torch.isfinite(refs), refs, c.unsqueeze(2))  # [B, H, J, K]
+            in_band = written.unsqueeze(3) & (rank.unsqueeze(3) == torch.arange(
+                nb, device=v.device)[:, None])
+            # the clamp only touches terms that no position of the band reads
+            carry = torch.exp(torch.clamp(m.unsqueeze(2) - refs, max=1.0))
+            e = torch.exp(torch.clamp(lc.unsqueeze(3) - refs.unsqueeze(2), max=1.0))
+        # e [B, H, n, J, K]; in_band [B, H, n, J, K]
+        denom = (den.unsqueeze(2) * carry).unsqueeze(2) + e.cumsum(dim=2)
+        inv = torch.where(in_band, 1.0 / torch.where(in_band, denom, torch.ones_like(denom)),
+                          torch.zeros_like(denom)).flatten(3)  # [B, H, n, J K]
+        e = e.flatten(3)
+        num_prev = (num.unsqueeze(2) * carry.unsqueeze(-1)).flatten(2, 3)  # [B, H, J K, d]
         qv = (qc @ vc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # [B, H, n, n]
         content = (qc @ num_prev.transpose(-1, -2) + qv @ e) * inv
+        if nb > 1:
+            content = content.view(b, h, n, nb, k).sum(dim=3)
         reads.append(torch.softmax((key_logits[:, :, start:end] + gamma * content)
                                    / read_temperature, dim=-1))
-        saved.append((e, inv, num_prev))
-        m = torch.where(torch.isfinite(lc.amax(dim=2)) | torch.isfinite(m), c, m)
-        den = den * carry + e.sum(dim=2)
-        num = num_prev + e.transpose(-1, -2) @ vc
+        saved.append((e, inv, num_prev, nb))
+        m = mu[:, :, -1]
+        e0, num0 = (e, num_prev) if nb == 1 else (e[..., :k], num_prev[:, :, :k])  # band 0: c
+        den = den * carry[:, :, 0] + e0.sum(dim=2)
+        num = num0 + e0.transpose(-1, -2) @ vc
     r = torch.cat(reads, dim=2)
     w = refine(r).to(dt) if refine is not None else None
 
     def contract(a: torch.Tensor) -> torch.Tensor:
         outs = []
-        for i, (e, inv, num_prev) in enumerate(saved):
+        for i, (e, inv, num_prev, nb) in enumerate(saved):
             start = i * step
             n = e.shape[2]
-            ac = a[:, :, start:start + n] * inv  # [B, H, n, K]
+            ac = a[:, :, start:start + n]
+            ac = (ac.repeat(1, 1, 1, nb) if nb > 1 else ac) * inv  # [B, H, n, J K]
             intra = (ac @ e.transpose(-1, -2)).masked_fill(~tril[:n, :n], 0.0)
             outs.append(ac @ num_prev + intra @ v[:, :, start:start + n])
         return torch.cat(outs, dim=2)
@@ -328,12 +421,12 @@ if triton is not None:
     @triton.jit
     def _scan_step(m, den, num, lg, vt):
         """One token of the running log-sum-exp slot scan: ``(m, den, num)`` updated with the
-        token's write logits ``lg [K]`` and value ``vt [D]``; also returns the finite max."""
+        token's write logits ``lg [K]`` and value ``vt [D]``."""
         c = tl.maximum(m, lg)
         c_safe = tl.where(c == float("-inf"), 0.0, c)
         carry = tl.exp(m - c_safe)
         e = tl.exp(lg - c_safe)
-        return c, den * carry + e, num * carry[:, None] + e[:, None] * vt[None, :], c_safe
+        return c, den * carry + e, num * carry[:, None] + e[:, None] * vt[None, :]
 
     @triton.jit
     def _load_scan_state(m_ptr, den_ptr, num_ptr, pid, ks, kmask, kd, kd_mask, K, D):
@@ -345,26 +438,25 @@ if triton is not None:
 
     @triton.jit
     def _scan_token(logits_ptr, v_ptr, row, ks, ds, kmask, dmask, K, D, m, den, num):
-        """Token ``row``'s write logits and value folded into the scan; returns the new state,
-        the normalised slots ``[K, D]`` (0 where nothing was written), whether each slot has
-        been written and the finite running max."""
+        """Token ``row``'s write logits and value folded into the scan; returns the new state
+        and the normalised slots ``[K, D]`` (0 where nothing was written)."""
         lg = tl.load(logits_ptr + row * K + ks, mask=kmask, other=float("-inf"))
         vt = tl.load(v_ptr + row * D + ds, mask=dmask, other=0.0)
-        m, den, num, c_safe = _scan_step(m, den, num, lg, vt)
+        m, den, num = _scan_step(m, den, num, lg, vt)
         positive = den > 0
         slot = num * tl.where(positive, 1.0 / tl.where(positive, den, 1.0), 0.0)[:, None]
-        return m, den, num, slot, positive, c_safe
+        return m, den, num, slot
 
     @triton.jit
-    def slot_scan_fwd_kernel(logits_ptr, v_ptr, w_ptr, out_ptr, lse_ptr, m_ptr, den_ptr, num_ptr,
-                             T, K: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
+    def slot_scan_fwd_kernel(logits_ptr, v_ptr, w_ptr, out_ptr, m_ptr, den_ptr, num_ptr, T,
+                             K: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
                              BD: tl.constexpr, READ: tl.constexpr):
         """One program per (batch, head): the write scan over time, states in registers.
 
         ``READ``: ``out_t = sum_s w[t, s] slot_s(t)`` (``w [T, K]``, ``out [T, D]``); else
-        ``out[t, s] = <w_t, slot_s(t)>`` (``w [T, D]``, ``out [T, K]``). Stores the log
-        denominators ``lse [T, K]``; reads the initial and writes the final state
-        (``m, den [K]``, ``num [K, D]``).
+        ``out[t, s] = <w_t, slot_s(t)>`` (``w [T, D]``, ``out [T, K]``). Stores nothing per
+        position beyond ``out`` (the backward recomputes the scan); reads the initial and writes
+        the final state (``m, den [K]``, ``num [K, D]``).
         """
         pid = tl.program_id(0)
         ks = tl.arange(0, BK)
@@ -376,11 +468,8 @@ if triton is not None:
         m, den, num = _load_scan_state(m_ptr, den_ptr, num_ptr, pid, ks, kmask, kd, kd_mask,
                                        K, D)
         for t in range(T):
-            m, den, num, slot, positive, c_safe = _scan_token(
+            m, den, num, slot = _scan_token(
                 logits_ptr, v_ptr, pid * T + t, ks, ds, kmask, dmask, K, D, m, den, num)
-            lse = tl.where(positive, tl.log(tl.where(positive, den, 1.0)) + c_safe,
-                           float("-inf"))
-            tl.store(lse_ptr + (pid * T + t) * K + ks, lse, mask=kmask)
             if READ:
                 wt = tl.load(w_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
                 tl.store(out_ptr + (pid * T + t) * D + ds, tl.sum(wt[:, None] * slot, axis=0),
@@ -394,17 +483,23 @@ if triton is not None:
         tl.store(num_ptr + pid * K * D + kd, num, mask=kd_mask)
 
     @triton.jit
-    def slot_scan_bwd_kernel(logits_ptr, v_ptr, a_ptr, x_ptr, lse_ptr, m_ptr, den_ptr, num_ptr,
-                             p_ptr, y_ptr, dlogits_ptr, dv_ptr, T, K: tl.constexpr,
-                             D: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+    def slot_scan_bwd_kernel(logits_ptr, v_ptr, a_ptr, x_ptr, m_ptr, den_ptr, num_ptr,
+                             mt_ptr, dent_ptr, p_ptr, y_ptr, dlogits_ptr, dv_ptr, T,
+                             K: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
+                             BD: tl.constexpr):
         """Backward of the scan for upstream slot gradients ``G_s(t) = a[t, s] x_t``.
 
-        Forward pass in time: ``p[t, s] = <x_t, slot_s(t)>``, ``y_t = sum_s a[t, s] slot_s(t)``.
-        Reverse pass with the rescaled accumulators (every factor <= 1)
-        ``R_s(t) = G_s(t) + e^(lse_t - lse_{t+1}) R_s(t+1)``,
-        ``U_s(t) = a[t, s] p[t, s] + e^(lse_t - lse_{t+1}) U_s(t+1)``:
-        ``dv_t = sum_s e^(l - lse_t) R_s(t)``,
-        ``dl[t, s] = e^(l - lse_t) (<v_t, R_s(t)> - U_s(t))``.
+        Forward pass in time (the scan recomputed): ``p[t, s] = <x_t, slot_s(t)>``,
+        ``y_t = sum_s a[t, s] slot_s(t)``, and per position the running max ``m_t`` and the
+        scaled denominator ``den_t`` (``D_s(t) = den_t e^(m_t)``, ``den_t >= 1`` once written)
+        into the scratch ``mt, dent [T, K]``. Reverse pass with the rescaled accumulators,
+        whose factors ``D(t) / D(t+1) = (den_t / den_{t+1}) e^(m_t - m_{t+1}) <= 1`` and
+        ``e^(l - m_t) / den_t <= 1`` only ever subtract logits (never a large absolute
+        log-sum-exp, whose float32 rounding would grow with the logits):
+        ``R_s(t) = G_s(t) + D(t) / D(t+1) R_s(t+1)``,
+        ``U_s(t) = a[t, s] p[t, s] + D(t) / D(t+1) U_s(t+1)``:
+        ``dv_t = sum_s P[t, s] R_s(t)``, ``dl[t, s] = P[t, s] (<v_t, R_s(t)> - U_s(t))`` with
+        ``P[t, s] = e^(l[t, s] - m_t) / den_t``.
         The initial state (``m, den [K]``, ``num [K, D]``) is a constant.
         """
         pid = tl.program_id(0)
@@ -417,8 +512,10 @@ if triton is not None:
         m, den, num = _load_scan_state(m_ptr, den_ptr, num_ptr, pid, ks, kmask, kd, kd_mask,
                                        K, D)
         for t in range(T):
-            m, den, num, slot, _, _ = _scan_token(
+            m, den, num, slot = _scan_token(
                 logits_ptr, v_ptr, pid * T + t, ks, ds, kmask, dmask, K, D, m, den, num)
+            tl.store(mt_ptr + (pid * T + t) * K + ks, m, mask=kmask)
+            tl.store(dent_ptr + (pid * T + t) * K + ks, den, mask=kmask)
             xt = tl.load(x_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
             at = tl.load(a_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
             tl.store(p_ptr + (pid * T + t) * K + ks, tl.sum(slot * xt[None, :], axis=1),
@@ -427,13 +524,15 @@ if triton is not None:
                      mask=dmask)
         r_acc = tl.zeros((BK, BD), dtype=tl.float32)
         u_acc = tl.zeros((BK,), dtype=tl.float32)
-        lse_next = tl.full((BK,), float("-inf"), dtype=tl.float32)
+        m_next = tl.full((BK,), float("-inf"), dtype=tl.float32)
+        den_next = tl.zeros((BK,), dtype=tl.float32)
         for i in range(T):
             t = T - 1 - i
-            lse = tl.load(lse_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
-            finite = (lse != float("-inf")) & (lse_next != float("-inf"))
-            gap = tl.where(finite, lse, 0.0) - tl.where(finite, lse_next, 0.0)
-            decay = tl.where(finite, tl.exp(gap), 0.0)
+            mt = tl.load(mt_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
+            dent = tl.load(dent_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
+            finite = (mt != float("-inf")) & (m_next != float("-inf"))
+            gap = tl.where(finite, mt, 0.0) - tl.where(finite, m_next, 0.0)
+            decay = tl.where(finite, tl.exp(gap) * dent / tl.where(finite, den_next, 1.0), 0.0)
             xt = tl.load(x_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
             at = tl.load(a_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
             pt = tl.load(p_ptr + (pid * T + t) * K + ks, mask=kmask, other=0.0)
@@ -441,14 +540,15 @@ if triton is not None:
             u_acc = at * pt + decay * u_acc
             lg = tl.load(logits_ptr + (pid * T + t) * K + ks, mask=kmask, other=float("-inf"))
             vt = tl.load(v_ptr + (pid * T + t) * D + ds, mask=dmask, other=0.0)
-            written = lg != float("-inf")
-            gap = tl.where(written, lg, 0.0) - tl.where(written, lse, 0.0)
-            prob = tl.where(written, tl.exp(gap), 0.0)
+            written = lg != float("-inf")  # then m_t is finite and den_t >= 1
+            gap = tl.where(written, lg, 0.0) - tl.where(written, mt, 0.0)
+            prob = tl.where(written, tl.exp(gap) / tl.where(written, dent, 1.0), 0.0)
             tl.store(dv_ptr + (pid * T + t) * D + ds, tl.sum(prob[:, None] * r_acc, axis=0),
                      mask=dmask)
             dl = prob * (tl.sum(r_acc * vt[None, :], axis=1) - u_acc)
             tl.store(dlogits_ptr + (pid * T + t) * K + ks, dl, mask=kmask)
-            lse_next = lse
+            m_next = mt
+            den_next = dent
 
     @triton.jit
     def linear_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, z_ptr, s_ptr, zs_ptr, T,
@@ -531,29 +631,29 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 
 def _scan_launch(read: bool, w: torch.Tensor, logits: torch.Tensor, v: torch.Tensor,
-                 state: ScanState) -> tuple[torch.Tensor, torch.Tensor, ScanState]:
+                 state: ScanState) -> tuple[torch.Tensor, ScanState]:
     b, h, t, k = logits.shape
     d = v.shape[-1]
     out = torch.empty((b, h, t, d if read else k), device=v.device, dtype=torch.float32)
-    lse = torch.empty((b, h, t, k), device=v.device, dtype=torch.float32)
     m, den, num = (_flat(x).clone() for x in (state.m, state.den, state.num))
     slot_scan_fwd_kernel[(b * h,)](
-        _flat(logits), _flat(v), _flat(w), out, lse, m, den, num, t, K=k, D=d,
+        _flat(logits), _flat(v), _flat(w), out, m, den, num, t, K=k, D=d,
         BK=triton.next_power_of_2(k), BD=triton.next_power_of_2(d), READ=read)
-    return out, lse, ScanState(m=m, den=den, num=num)
+    return out, ScanState(m=m, den=den, num=num)
 
 
 def _scan_backward(a: torch.Tensor, x: torch.Tensor, logits: torch.Tensor, v: torch.Tensor,
-                   lse: torch.Tensor, state: ScanState) -> tuple[torch.Tensor, ...]:
+                   state: ScanState) -> tuple[torch.Tensor, ...]:
     b, h, t, k = logits.shape
     d = v.shape[-1]
     p = torch.empty((b, h, t, k), device=v.device, dtype=torch.float32)
+    mt, dent = torch.empty_like(p), torch.empty_like(p)
     y = torch.empty((b, h, t, d), device=v.device, dtype=torch.float32)
     dlogits = torch.empty_like(p)
     dv = torch.empty_like(y)
     slot_scan_bwd_kernel[(b * h,)](
-        _flat(logits), _flat(v), _flat(a), _flat(x), lse, _flat(state.m), _flat(state.den),
-        _flat(state.num), p, y, dlogits, dv, t, K=k, D=d, BK=triton.next_power_of_2(k),
+        _flat(logits), _flat(v), _flat(a), _flat(x), _flat(state.m), _flat(state.den),
+        _flat(state.num), mt, dent, p, y, dlogits, dv, t, K=k, D=d, BK=triton.next_power_of_2(k),
         BD=triton.next_power_of_2(d))
     return p, y, dlogits, dv
 
@@ -564,15 +664,15 @@ class _SlotRead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, logits, v, m, den, num):
         state = ScanState(m=m, den=den, num=num)
-        out, lse, final = _scan_launch(True, a, logits, v, state)
-        ctx.save_for_backward(a, logits, v, lse, m, den, num)
+        out, final = _scan_launch(True, a, logits, v, state)
+        ctx.save_for_backward(a, logits, v, m, den, num)
         ctx.mark_non_differentiable(final.m, final.den, final.num)
         return out, final.m, final.den, final.num
 
     @staticmethod
     def backward(ctx, grad_out, *unused):
-        a, logits, v, lse, m, den, num = ctx.saved_tensors
-        p, _, dlogits, dv = _scan_backward(a, grad_out, logits, v, lse, ScanState(m, den, num))
+        a, logits, v, m, den, num = ctx.saved_tensors
+        p, _, dlogits, dv = _scan_backward(a, grad_out, logits, v, ScanState(m, den, num))
         return p, dlogits, dv, None, None, None
 
 
@@ -581,14 +681,14 @@ class _SlotScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, logits, v, m, den, num):
-        out, lse, _ = _scan_launch(False, x, logits, v, ScanState(m=m, den=den, num=num))
-        ctx.save_for_backward(x, logits, v, lse, m, den, num)
+        out, _ = _scan_launch(False, x, logits, v, ScanState(m=m, den=den, num=num))
+        ctx.save_for_backward(x, logits, v, m, den, num)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, logits, v, lse, m, den, num = ctx.saved_tensors
-        _, y, dlogits, dv = _scan_backward(grad_out, x, logits, v, lse, ScanState(m, den, num))
+        x, logits, v, m, den, num = ctx.saved_tensors
+        _, y, dlogits, dv = _scan_backward(grad_out, x, logits, v, ScanState(m, den, num))
         return y, dlogits, dv, None, None, None
 
 
@@ -596,8 +696,9 @@ def slot_read_triton(a: torch.Tensor, logits: torch.Tensor, v: torch.Tensor,
                      state: ScanState | None = None) -> tuple[torch.Tensor, ScanState]:
     """``sum_s a[t, s] slot_s(t)`` ``[B, H, T, d]`` and the final state, on Triton (float32).
 
-    ``a, logits [B, H, T, K]``, ``v [B, H, T, d]``. Saves only ``[B, H, T, K]`` log denominators
-    for the backward pass, which recomputes the slot states in registers.
+    ``a, logits [B, H, T, K]``, ``v [B, H, T, d]``. Saves only the inputs for the backward
+    pass, which recomputes the scan in registers (with ``[B, H, T, K]`` scratch for the running
+    max and denominator per position).
     """
     if triton is None:
         raise RuntimeError("slot_read_triton needs the triton package")
