@@ -18,7 +18,7 @@ import torch
 
 from hf_memory import BankSet, MemoryBank, kv_footprint, load_default_model, steer
 from hf_memory.chat import chat_messages
-from hf_memory.demo import DEFAULT_LAYERS, DEFAULT_PERSONA, DEFAULT_REFERENCE, parse_layers
+from hf_memory.demo import DEFAULT_PERSONA, DEFAULT_REFERENCE, parse_layers
 
 PROMPT = "How do you feel about your exam tomorrow?"
 
@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--layers", type=parse_layers, default=parse_layers(DEFAULT_LAYERS))
+    parser.add_argument("--layers", type=parse_layers, default=parse_layers("18-22"))
     args = parser.parse_args()
     model, tokenizer = load_default_model()
     print(f"# machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "

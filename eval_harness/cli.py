@@ -71,7 +71,7 @@ def _eval(args: argparse.Namespace) -> None:
                                        candidate_layers=args.candidate_layers,
                                        top_layers=args.top_layers, caa_layer=args.caa_layer,
                                        num_bootstrap=args.bootstrap, seed=args.seed,
-                                       selectors_dir=str(out / "selectors"))
+                                       selectors_dir=args.selectors or str(out / "selectors"))
         run = run_trait_steering if args.task == "trait-steering" else run_layer_ablation
         path = run_task(args.task, lambda: run(model, tokenizer, steering),
                         model=model, config=vars(steering), seed=args.seed, out=out)
@@ -131,6 +131,10 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--top-layers", type=int, default=5, help="selector layer budget m")
     run.add_argument("--memory-layers", type=_layer_spec, metavar="SPEC",
                      help="steer these layers (all heads) instead of calibrating a selector")
+    run.add_argument("--selectors", metavar="DIR",
+                     help="trait-steering / layer-ablation: where frozen behavioural selectors "
+                          "are saved, and reused when present for the same banks (default: "
+                          "<out>/selectors)")
     run.add_argument("--candidate-layers", type=_layer_spec, metavar="SPEC",
                      help="trait-steering: layers the behavioural selector may pick (default: "
                           "all)")

@@ -88,6 +88,7 @@ class TraitSteeringConfig:
     candidate_layers: Sequence[int] | None = None
     gains: Sequence[float] = DEFAULT_GAINS
     calibration_pairs: int = 6
+    drift_pairs: int = 1
     bank_context: str = "system"
     bank_template: str = "{text}"
     caa_layer: int = 10
@@ -125,6 +126,24 @@ class _CAAFrom(CAAMethod):
 def _bank(model, tokenizer, text: str, role: str, name: str, config) -> MemoryBank:
     return MemoryBank.from_text(model, tokenizer, text, role=role, name=name,
                                 template=config.bank_template, context=config.bank_context)
+
+
+def _behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
+                          direction: str) -> Selector:
+    """Calibrate (and save under ``config.selectors_dir``), or reuse the one saved there for the
+    same banks."""
+    path = Path(config.selectors_dir) / direction if config.selectors_dir else None
+    if path is not None and (path / "selector.json").is_file():
+        saved = Selector.from_pretrained(path, model=model)
+        if saved.config.get("banks") == banks.audit():
+            return saved
+    selector = Selector.calibrate_behavioural(
+        model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
+        candidate_layers=config.candidate_layers, gains=config.gains,
+        batch_size=config.batch_size, progress=False)
+    if path is not None:
+        selector.save_pretrained(path)
+    return selector
 
 
 def _site_mass(model, tokenizer, method: MemoryMethod, prompts: Sequence[str]) -> dict[str, Any]:
@@ -187,17 +206,14 @@ def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[st
     runs, setups = [], {}
     for direction in tqdm(config.directions, desc="trait steering"):
         _, _, target, reference = direction_parts(direction)
-        pairs, drift = calibration_pairs(direction, config.calibration_pairs)
+        pairs, drift = calibration_pairs(direction, config.calibration_pairs,
+                                         config.drift_pairs)
         objective = ShiftObjective(model, tokenizer, pairs, drift, batch_size=config.batch_size)
         target_bank = _bank(model, tokenizer, target, "target", f"{direction}", config)
         reference_bank = _bank(model, tokenizer, reference, "reference", f"{direction}~", config)
         banks = BankSet([target_bank], model=model)
-        selector = Selector.calibrate_behavioural(
-            model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
-            candidate_layers=config.candidate_layers, gains=config.gains,
-            batch_size=config.batch_size, progress=False)
-        if config.selectors_dir is not None:
-            selector.save_pretrained(Path(config.selectors_dir) / direction)
+        selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config,
+                                         direction)
         methods: dict[str, Method] = {
             "prompt": PromptMethod(target, tokenizer=tokenizer),
             "memory": MemoryMethod(banks, selector),
@@ -309,13 +325,12 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
     rows = []
     for direction in tqdm(config.directions, desc="layer ablation"):
         _, _, target, _ = direction_parts(direction)
-        pairs, drift = calibration_pairs(direction, config.calibration_pairs)
+        pairs, drift = calibration_pairs(direction, config.calibration_pairs,
+                                         config.drift_pairs)
         bank = _bank(model, tokenizer, target, "target", direction, config)
         banks = BankSet([bank], model=model)
-        selector = Selector.calibrate_behavioural(
-            model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
-            candidate_layers=config.candidate_layers, gains=config.gains,
-            batch_size=config.batch_size, progress=False)
+        selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config,
+                                         direction)
         singles = selector.config["history"][:len(selector.candidate_layers)]
         ranking = [s["layers"][0] for s in sorted(singles, key=lambda s: -s["score"])]
         gain = next(iter(selector.layer_gains.values()))

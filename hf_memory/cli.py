@@ -8,7 +8,13 @@ import time
 from collections.abc import Sequence
 
 from .cli_types import non_negative, positive_int
-from .demo import DEFAULT_GAIN, DEFAULT_LAYERS, DEFAULT_PERSONA, DEFAULT_PROMPTS, parse_layers
+from .demo import (
+    DEFAULT_DIRECTION,
+    DEFAULT_GAIN,
+    DEFAULT_PERSONA,
+    DEFAULT_PROMPTS,
+    parse_layers,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -34,14 +40,36 @@ def _demo(args: argparse.Namespace) -> None:
     print(f"# {model.name_or_path} ({model.config.model_type}, "
           f"{model.config.num_hidden_layers} layers) loaded in {loaded - start:.1f}s "
           f"(imports {start - import_start:.1f}s)")
-    print(f"# persona: {args.persona}\n# steered layers: {args.layers}, gain {args.gain}")
+    print(f"# persona: {args.persona}")
+    selector = None
+    if args.selector:
+        from .selector import Selector
+
+        selector = Selector.from_pretrained(args.selector, model=model)
     try:
         result = run_demo(model, tokenizer, persona=args.persona, reference=args.reference,
                           prompts=args.prompt or DEFAULT_PROMPTS, layers=args.layers,
-                          gain=args.gain, max_new_tokens=args.max_new_tokens)
+                          gain=args.gain, selector=selector,
+                          max_new_tokens=args.max_new_tokens)
     except ValueError as error:
         raise CLIError(str(error)) from error
     print(format_demo(result))
+
+
+def _build_selector(args: argparse.Namespace) -> None:
+    from .default_model import load_default_model
+    from .demo import build_selector, selectors_dir
+
+    model, tokenizer = load_default_model()
+    start = time.perf_counter()
+    selector = build_selector(model, tokenizer, args.direction, top_layers=args.top_layers)
+    out = args.out or str(selectors_dir().joinpath(args.direction))
+    selector.save_pretrained(out)
+    best = selector.config["best"]
+    print(f"# {args.direction}: layers {selector.layers}, gain {best['gain']:g}, calibration "
+          f"target shift {best['target']:+.2f} nats, drift {best['drift']:.2f}; "
+          f"{selector.config['evaluations']} configurations in "
+          f"{time.perf_counter() - start:.0f} s; wrote {out}")
 
 
 def _layers(text: str) -> list[int]:
@@ -50,6 +78,16 @@ def _layers(text: str) -> list[int]:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
+
+
+def _direction(text: str) -> str:
+    from .calibration import direction_parts
+
+    try:
+        direction_parts(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,15 +116,30 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the descriptor the bank is built from (default: an anxious persona)")
     demo.add_argument("--reference", metavar="TEXT",
                       help="an opposite descriptor for a contrastive reference bank")
-    demo.add_argument("--layers", type=_layers, default=DEFAULT_LAYERS, metavar="SPEC",
-                      help=f"steered layers, e.g. 18-22 or 3,5,9-10 (default: {DEFAULT_LAYERS})")
+    demo.add_argument("--layers", type=_layers, metavar="SPEC",
+                      help="hand-picked steered layers, e.g. 18-22 or 3,5,9-10 (default: the "
+                           "frozen selector shipped for the persona)")
+    demo.add_argument("--selector", metavar="DIR",
+                      help="a saved selector to steer through (Selector.save_pretrained)")
     demo.add_argument("--gain", type=non_negative, default=DEFAULT_GAIN,
-                      help=f"bank gain lambda (default: {DEFAULT_GAIN})")
+                      help=f"bank gain lambda with --layers (default: {DEFAULT_GAIN})")
     demo.add_argument("--prompt", action="append", metavar="TEXT",
                       help="a prompt to answer (repeatable; default: two built-in prompts)")
     demo.add_argument("--max-new-tokens", type=positive_int, default=40, metavar="N",
                       help="tokens to generate per answer (default: 40)")
     demo.set_defaults(handler=_demo)
+    build = commands.add_parser(
+        "build-selector", help="calibrate the behavioural selector for a Big Five direction",
+        description="Search the sites (layers and gain) where the direction's descriptor bank "
+                    "moves the shipped calibration pairs towards the target and not the other "
+                    "traits, and save the frozen selector (default: the package's own copy, "
+                    "which hf-memory demo uses).")
+    build.add_argument("--direction", default=DEFAULT_DIRECTION, type=_direction,
+                       help=f"e.g. N+ (anxious) or N- (calm) (default: {DEFAULT_DIRECTION})")
+    build.add_argument("--top-layers", type=positive_int, default=5, metavar="M",
+                       help="layer budget (default: 5)")
+    build.add_argument("--out", metavar="DIR", help="where to save (default: package data)")
+    build.set_defaults(handler=_build_selector)
     add_analyze_ffn_parser(commands)
     add_air_parsers(commands)
     add_arith_parsers(commands)

@@ -1,8 +1,12 @@
 """The main job (``hf-memory demo``): plain vs visible prompt vs memory-steered answers.
 
-Builds a persona bank from a short descriptor on the embedded model, answers a few prompts three
-ways, and prints them side by side with the KV bytes each way of carrying the descriptor costs.
-Torch-dependent modules are imported inside :func:`run_demo`, so the CLI's ``--help`` stays fast.
+Builds a persona bank from a short descriptor on the embedded model (in the system-message
+context, as a visible system prompt would hold it), and steers through the automatic path: the
+frozen behavioural selector shipped for the persona in ``data/selectors/<direction>`` (rebuilt by
+``hf-memory build-selector``), or one the user gives, or hand-picked layers. Answers a few
+prompts three ways and prints them side by side with the KV bytes each way of carrying the
+descriptor costs. Torch-dependent modules are imported inside the functions, so the CLI's
+``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -12,22 +16,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .calibration import TRAIT_DESCRIPTORS
+
 if TYPE_CHECKING:
     from .kv_accounting import KVFootprint
 
-__all__ = ["DEFAULT_LAYERS", "DEFAULT_PERSONA", "DEFAULT_PROMPTS", "DEFAULT_REFERENCE",
-           "DemoResult", "format_demo", "parse_layers", "run_demo"]
+__all__ = ["DEFAULT_PERSONA", "DEFAULT_PROMPTS", "DEFAULT_REFERENCE", "DemoResult",
+           "build_selector", "format_demo", "parse_layers", "persona_bank", "run_demo",
+           "shipped_selector"]
 
-DEFAULT_PERSONA = ("I am extremely anxious. I worry constantly, feel nervous and tense, and always "
-                   "fear that something will go wrong.")
-DEFAULT_REFERENCE = ("I am completely calm. I feel relaxed, secure and at ease, and I never worry "
-                     "about anything.")
+DEFAULT_PERSONA, DEFAULT_REFERENCE = TRAIT_DESCRIPTORS["N"]  # anxious; calm
+DEFAULT_DIRECTION = "N+"
+SHIPPED_DIRECTIONS = ("N+", "N-")
+BANK_RECIPE = {"template": "{text}", "context": "system", "gain": 1.0}
 DEFAULT_PROMPTS = (
     "How do you feel about your exam tomorrow?",
     "What are your plans for the weekend?",
 )
-DEFAULT_LAYERS = "18-22"  # five layers: 30/5 = 6x less KV than the visible descriptor
-DEFAULT_GAIN = 2.0
+DEFAULT_GAIN = 2.0  # bank gain when layers are hand-picked
 
 
 def parse_layers(spec: str) -> list[int]:
@@ -44,14 +50,76 @@ def parse_layers(spec: str) -> list[int]:
     return sorted(layers)
 
 
+def persona_bank(model, tokenizer, text: str, *, role: str = "target", name: str = "persona",
+                 layers: Sequence[int] | None = None, gain: float = BANK_RECIPE["gain"]):
+    """The demo's and the shipped selectors' bank recipe: ``text`` as a system message."""
+    from .banks import MemoryBank
+
+    return MemoryBank.from_text(model, tokenizer, text, role=role, name=name, layers=layers,
+                                template=BANK_RECIPE["template"],
+                                context=BANK_RECIPE["context"], gain=gain)
+
+
+def selectors_dir():
+    from importlib import resources
+
+    return resources.files(__package__).joinpath("data", "selectors")
+
+
+def shipped_selector(direction: str, model=None):
+    """The frozen behavioural selector shipped for a Big Five ``direction`` (e.g. ``"N+"``)."""
+    from .selector import Selector
+
+    if direction not in SHIPPED_DIRECTIONS:
+        raise ValueError(f"no selector is shipped for {direction!r}; shipped: "
+                         f"{', '.join(SHIPPED_DIRECTIONS)} (build one with hf-memory "
+                         "build-selector)")
+    with _as_path(selectors_dir().joinpath(direction)) as path:
+        return Selector.from_pretrained(path, model=model)
+
+
+def _as_path(traversable):
+    from importlib import resources
+
+    return resources.as_file(traversable)
+
+
+def build_selector(model, tokenizer, direction: str, *, top_layers: int = 5,
+                   progress: bool = True):
+    """Calibrate the behavioural selector for a Big Five ``direction`` on the shipped
+    calibration pairs, with the target bank built by :func:`persona_bank`."""
+    from .bank_set import BankSet
+    from .calibration import calibration_pairs, direction_parts
+    from .selector import Selector
+
+    _, _, target, _ = direction_parts(direction)
+    banks = BankSet([persona_bank(model, tokenizer, target)], model=model)
+    pairs, drift = calibration_pairs(direction)
+    selector = Selector.calibrate_behavioural(model, tokenizer, banks, pairs, drift_pairs=drift,
+                                              top_layers=top_layers, progress=progress)
+    selector.config.update(direction=direction, bank_recipe={**BANK_RECIPE, "text": target})
+    return selector
+
+
+def _automatic_selector(model, persona: str):
+    for trait, (high, low) in TRAIT_DESCRIPTORS.items():
+        for direction, text in ((f"{trait}+", high), (f"{trait}-", low)):
+            if text == persona and direction in SHIPPED_DIRECTIONS:
+                return shipped_selector(direction, model=model)
+    raise ValueError("no frozen selector is shipped for this persona: give layers (hand-picked "
+                     "sites) or a selector calibrated for it (hf-memory build-selector, or "
+                     "Selector.calibrate_behavioural)")
+
+
 @dataclass
 class DemoResult:
-    """Answers per method and the KV accounting of the descriptor."""
+    """Answers per method, the KV accounting of the descriptor and the steered sites."""
 
     prompts: list[str]
     answers: dict[str, list[str]]
     footprint: KVFootprint
     seconds: dict[str, float]
+    sites: dict[int, float]
 
 
 def run_demo(
@@ -61,40 +129,49 @@ def run_demo(
     persona: str = DEFAULT_PERSONA,
     reference: str | None = None,
     prompts: Sequence[str] = DEFAULT_PROMPTS,
-    layers: Sequence[int] = tuple(parse_layers(DEFAULT_LAYERS)),
+    layers: Sequence[int] | None = None,
     gain: float = DEFAULT_GAIN,
+    selector=None,
     max_new_tokens: int = 40,
 ) -> DemoResult:
-    """Answer ``prompts`` plain, with ``persona`` as a system prompt, and memory-steered."""
+    """Answer ``prompts`` plain, with ``persona`` added to the system prompt, and memory-steered.
+
+    Sites: ``layers`` (hand-picked, all heads, bank gain ``gain``), else ``selector``, else the
+    frozen selector shipped for ``persona`` (the default persona has one).
+    """
     from .bank_set import BankSet
-    from .banks import MemoryBank
     from .chat import generate_chat
     from .kv_accounting import kv_footprint
-    from .steering import steer
+    from .methods import MemoryMethod, PromptMethod, generate_with
 
     prompts = list(prompts)
-    banks = [MemoryBank.from_text(model, tokenizer, persona, role="target", name="persona",
-                                  template="{text}", layers=layers, gain=gain)]
+    if layers is not None and selector is not None:
+        raise ValueError("give layers or a selector, not both")
+    if layers is None and selector is None:
+        selector = _automatic_selector(model, persona)
+    bank_gain = gain if layers is not None else BANK_RECIPE["gain"]
+    banks = [persona_bank(model, tokenizer, persona, layers=layers, gain=bank_gain)]
     if reference:
-        banks.append(MemoryBank.from_text(model, tokenizer, reference, role="reference",
-                                          name="reference", template="{text}", layers=layers,
-                                          gain=gain))
+        banks.append(persona_bank(model, tokenizer, reference, role="reference",
+                                  name="reference", layers=layers, gain=bank_gain))
     bank_set = BankSet(banks, model=model)
+    memory = (MemoryMethod(bank_set, selector) if selector is not None
+              else MemoryMethod(bank_set, layers=list(layers)))
+    sites = (dict(selector.layer_gains) if selector is not None
+             else dict.fromkeys(layers, 1.0))
+    methods = {"plain": None, "prompt": PromptMethod(persona, tokenizer=tokenizer),
+               "memory": memory}
     answers, seconds = {}, {}
-    for method in ("plain", "prompt", "memory"):
+    for name, method in methods.items():
         start = time.perf_counter()
-        if method == "memory":
-            with steer(model, bank_set):
-                answers[method] = generate_chat(model, tokenizer, prompts,
-                                                max_new_tokens=max_new_tokens)
-        else:
-            answers[method] = generate_chat(model, tokenizer, prompts,
-                                            max_new_tokens=max_new_tokens,
-                                            system=persona if method == "prompt" else None)
-        seconds[method] = time.perf_counter() - start
+        answers[name] = (generate_chat(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+                         if method is None else
+                         generate_with(method, model, tokenizer, prompts,
+                                       max_new_tokens=max_new_tokens))
+        seconds[name] = time.perf_counter() - start
     descriptor_ids = tokenizer(persona, return_tensors="pt", add_special_tokens=False).input_ids
-    footprint = kv_footprint(model, bank_set, descriptor_ids)
-    return DemoResult(prompts, answers, footprint, seconds)
+    footprint = kv_footprint(model, bank_set, descriptor_ids, layers=sorted(sites))
+    return DemoResult(prompts, answers, footprint, seconds, sites)
 
 
 def format_demo(result: DemoResult) -> str:
@@ -105,7 +182,8 @@ def format_demo(result: DemoResult) -> str:
         "prompt": f"prompt (+{fp.prompt_kv_bytes / 1024:.0f} KiB KV over {fp.num_layers} layers)",
         "memory": f"memory (+{fp.bank_bytes / 1024:.0f} KiB bank at {fp.controlled_layers} layers)",
     }
-    lines = []
+    lines = ["steered sites (layer: gain): " + ", ".join(f"{layer}: {gain:g}"
+                                                          for layer, gain in result.sites.items())]
     for i, prompt in enumerate(result.prompts):
         lines.append(f"\nUser: {prompt}")
         for method, label in labels.items():

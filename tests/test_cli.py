@@ -60,10 +60,21 @@ def test_demo_compares_plain_prompt_and_memory(capsys):
     assert "bank 23 slots x 2 layers" in out
 
 
+@pytest.mark.slow
+def test_demo_steers_through_the_shipped_selector(capsys):
+    assert cli.main(["demo", "--prompt", "How do you feel about your exam tomorrow?",
+                     "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "steered sites (layer: gain):" in out and "[memory (+" in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["demo", "--layers", "a-b"], "layers must look like"),
     (["demo", "--gain", "-1"], "must be finite and >= 0"),
-], ids=["layers", "gain"])
+    (["demo", "--persona", "I love cats."], "no frozen selector is shipped for this persona"),
+    (["build-selector", "--direction", "X+"], "Big Five trait letter"),
+    (["eval", "trait-steering", "--directions", "Q+"], "choose from"),
+], ids=["layers", "gain", "persona-without-selector", "direction", "eval-direction"])
 def test_demo_rejects_bad_options(argv, message):
     result = run_cli(*argv)
     assert result.returncode == 2

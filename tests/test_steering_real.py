@@ -1,0 +1,158 @@
+"""The automatic path on the embedded SmolLM2-135M-Instruct: banks in context, the likelihood
+probe, the prompt baseline's placements, the shipped frozen selectors and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_memory import BankSet, FingerprintMismatchError, MemoryBank, PromptMethod, steer
+from hf_memory.calibration import calibration_pairs, direction_parts
+from hf_memory.chat import chat_messages, default_system_prompt, encode_chats
+from hf_memory.demo import DEFAULT_PERSONA, persona_bank, shipped_selector
+from hf_memory.likelihood import pair_margins
+from hf_memory.selector import Selector, SelectorFormatError
+from tests.test_memory_inception import random_bank
+from tests.test_memory_inception_real import worry_margin
+from tests.tiny_models import tiny_model
+
+NEUTRAL = ("I read that the forecast calls for light rain this morning and clear skies by the "
+           "evening.")
+PROBE = [("How do you feel about your exam tomorrow?",
+          "I'm really worried and nervous about it.", "I feel calm and relaxed about it."),
+         ("Describe your morning in a sentence.",
+          "I woke up tense, dreading the day.", "I woke up rested, enjoying the day.")]
+
+
+@torch.no_grad()
+def test_pair_margins_equal_one_pair_at_a_time(default_model):
+    model, tokenizer = default_model
+    batched = pair_margins(model, tokenizer, PROBE, batch_size=3)  # a batch splits a pair
+    for (prompt, target, reference), margin in zip(PROBE, batched, strict=True):
+        head = tokenizer.apply_chat_template(chat_messages(prompt), add_generation_prompt=True,
+                                             tokenize=False)
+        scores = []
+        for reply in (target, reference):
+            h = tokenizer(head, return_tensors="pt", add_special_tokens=False).input_ids
+            r = tokenizer(reply, return_tensors="pt", add_special_tokens=False).input_ids
+            logits = model(torch.cat([h, r], 1)).logits[0, h.shape[1] - 1:-1].log_softmax(-1)
+            scores.append(logits.gather(-1, r[0, :, None]).double().sum())
+        torch.testing.assert_close(margin, scores[0] - scores[1], rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="three non-empty strings"):
+        pair_margins(model, tokenizer, [("q", "a", "")])
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        pair_margins(model, tokenizer, [])
+
+
+def test_prompt_baseline_adds_to_the_default_system_prompt(default_model):
+    _, tokenizer = default_model
+    default = default_system_prompt(tokenizer)
+    assert default.startswith("You are a helpful AI assistant named SmolLM")
+    added = PromptMethod("I worry.", tokenizer=tokenizer).messages("Hi")
+    assert added[0] == {"role": "system", "content": default + "\nI worry."}
+    replaced = PromptMethod("I worry.", placement="replace_system").messages("Hi")
+    assert replaced[0] == {"role": "system", "content": "I worry."}
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        PromptMethod("I worry.")
+
+
+@torch.no_grad()
+def test_an_in_context_bank_is_no_more_of_a_sink_than_its_visible_text(default_model):
+    """No slot sits at position 0, and no slot draws attention by itself: on the last ten
+    positions of neutral prompts, at every layer where no token of the same text takes 10 % of
+    the attention when the text is visible in the system prompt, no slot takes 10 % either; where
+    one does (SmolLM2 makes " the" a secondary sink in layers 3–10: up to 31 % visible, up to
+    40 % as a canonical δ = 0 slot, measured), the bank's most-attended slot is that same token."""
+    model, tokenizer = default_model
+    prompts = ["What are your plans for this weekend?", "How was your day at work?"]
+    bank = MemoryBank.from_text(model, tokenizer, NEUTRAL, template="{text}")
+    assert min(bank.provenance["variants"][0]["kept_positions"]) > 0
+    slots = [MemoryBank.from_tensors(bank.keys[:, :, m:m + 1], bank.values[:, :, m:m + 1],
+                                     name=f"s{m}", role="auxiliary", layers=bank.layers,
+                                     gain=0.0) for m in range(bank.num_slots)]
+    batch = encode_chats(tokenizer, [chat_messages(p) for p in prompts])
+    with steer(model, BankSet(slots, size_normalize=False), trace_only=True) as handle:
+        handle.record_routing()
+        model(**batch)
+        routing = handle.routing()
+    # the last 10 positions (the user's question and the assistant prefix) in both settings
+    bank_share = torch.stack([routing[layer][0].mean(1)[:, -10:, 1:].mean((0, 1))
+                              for layer in sorted(routing)])  # [layers, slots]
+    system = default_system_prompt(tokenizer) + "\n" + NEUTRAL
+    visible = encode_chats(tokenizer, [chat_messages(p, system=system) for p in prompts])
+    text_start = len(tokenizer(tokenizer.apply_chat_template(
+        [{"role": "system", "content": default_system_prompt(tokenizer) + "\n"}],
+        tokenize=False).removesuffix("<|im_end|>\n"), add_special_tokens=False).input_ids)
+    model.set_attn_implementation("eager")
+    try:
+        attentions = model(**visible, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation("sdpa")
+    width = visible["attention_mask"].shape[1]
+    n_text = len(tokenizer("\n" + NEUTRAL, add_special_tokens=False).input_ids) - 1
+    columns = torch.stack([width - int(length) + text_start + torch.arange(n_text)
+                           for length in visible["attention_mask"].sum(1)])  # [B, n_text]
+    text_share = torch.stack([
+        torch.stack([a.mean(1)[i, -10:, columns[i]].mean(0) for i in range(len(prompts))])
+        .mean(0) for a in attentions])  # [layers, text tokens]
+    variant = bank.provenance["variants"][0]
+    bank_tokens = [variant["token_ids"][p] for p in variant["kept_positions"]]
+    text_tokens = visible["input_ids"][0, columns[0]].tolist()
+    own_sink = text_share.amax(-1) >= 0.1
+    assert (bank_share.amax(-1)[~own_sink] < 0.1).all()
+    assert own_sink.any()
+    for layer in own_sink.nonzero().flatten().tolist():
+        assert bank_tokens[int(bank_share[layer].argmax())] == text_tokens[
+            int(text_share[layer].argmax())]
+
+
+def test_calibration_bad_input_is_one_clear_error(default_model):
+    model, tokenizer = default_model
+    pairs, drift = calibration_pairs("N+")
+    foreign = BankSet([random_bank("t", "target", 3)], model=tiny_model("llama"))
+    with pytest.raises(FingerprintMismatchError):
+        Selector.calibrate_behavioural(model, tokenizer, foreign, pairs, progress=False)
+    banks = BankSet([persona_bank(model, tokenizer, DEFAULT_PERSONA, layers=[20])], model=model)
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        Selector.calibrate_behavioural(model, tokenizer, banks, [], progress=False)
+    with pytest.raises(ValueError, match="Big Five trait letter"):
+        direction_parts("X+")
+    with pytest.raises(ValueError, match="no selector is shipped"):
+        shipped_selector("O+")
+
+
+def test_a_selector_of_another_format_version_is_refused(tmp_path):
+    selector = shipped_selector("N+")
+    selector.save_pretrained(tmp_path)
+    record = json.loads((tmp_path / "selector.json").read_text())
+    record["format_version"] = 0
+    (tmp_path / "selector.json").write_text(json.dumps(record))
+    with pytest.raises(SelectorFormatError, match="not a version 1"):
+        Selector.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("direction", [
+    pytest.param("N+", marks=pytest.mark.xfail(strict=True, reason=(
+        "measured: the anxious selector's sites (layers 16, 24, rho 4) move the calibration "
+        "pairs +1.5 nats but this probe -0.9; layers 18-22 move the probe +13 but the "
+        "calibration pairs -2.1 (BENCHMARKS.md, 'Memory inception through the automatic "
+        "path')"))),
+    "N-",
+])
+def test_the_automatic_path_moves_the_probe_towards_the_target(default_model, direction):
+    """The shipped frozen selector, with the direction's descriptor bank: the worry probe moves
+    towards the target (up for anxious, down for calm), and at least as far as the same text
+    as a visible system prompt moves it."""
+    model, tokenizer = default_model
+    _, sign, target, _ = direction_parts(direction)
+    selector = shipped_selector(direction, model=model)
+    assert selector.config["objective"] == "behavioural"
+    plain = worry_margin(model, tokenizer)
+    banks = BankSet([persona_bank(model, tokenizer, target)], model=model)
+    with steer(model, banks, selector=selector):
+        memory = worry_margin(model, tokenizer)
+    prompt = worry_margin(model, tokenizer, PromptMethod(target, tokenizer=tokenizer))
+    assert sign * (memory - plain) > 0, (plain, memory)
+    assert sign * (memory - plain) >= sign * (prompt - plain), (plain, memory, prompt)
