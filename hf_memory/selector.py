@@ -436,16 +436,23 @@ def _tokens_before(tokenizer, text: str, prompt: str) -> int:
 
 
 def _card(selector: Selector) -> str:
+    config = selector.config
+    model = (selector.fingerprint or {}).get("name_or_path") or "unspecified"
+    if config.get("objective") == "behavioural":
+        best = config["best"]
+        how = (f"behavioural search on `{model}` over {len(selector.candidate_layers)} candidate "
+               f"layers with {config['num_pairs']} calibration pairs (drift groups "
+               f"{config['drift_groups']}): calibration target shift {best['target']:+.2f}, "
+               f"drift {best['drift']:.2f}, {config['evaluations']} configurations scored.")
+    else:
+        how = (f"diagnostic calibration (algorithm 1) on `{model}` with "
+               f"{config.get('num_prompts')} prompts (ξ = {config.get('xi')}, "
+               f"χ = {config.get('chi')}, order {config.get('order', 'score')}, "
+               f"{config.get('aggregate')} over the top {config.get('top_units')} units).")
     lines = ["---", "library_name: hf-memory", "tags:", "- memory-inception", "- selector", "---",
              "", "# Memory-inception selector", "",
-             f"Frozen sites: unit type `{selector.unit_type}`; calibrated on "
-             f"`{(selector.fingerprint or {}).get('name_or_path') or 'unspecified'}` with "
-             f"{selector.config.get('num_prompts')} prompts "
-             f"(ξ = {selector.config.get('xi')}, χ = {selector.config.get('chi')}, "
-             f"{selector.config.get('aggregate')} over the top "
-             f"{selector.config.get('top_units')} units).", "",
+             f"Frozen sites: unit type `{selector.unit_type}`; {how}", "",
              "| layer | units | ρ |", "| --- | --- | --- |"]
     lines += [f"| {layer} | {selector.units[layer]} | {selector.layer_gains[layer]:.3f} |"
               for layer in selector.layers]
     return "\n".join(lines) + "\n"
-
