@@ -190,3 +190,19 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     assert loaded.layers == setup["memory"]["layers"]
     assert (tmp_path / "trait_steering_das.png").is_file()
     assert "| memory |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_layer_ablation_smoke_run(tmp_path):
+    assert cli.main(["eval", "layer-ablation", "--directions", "N-", "--limit", "1",
+                     "--candidate-layers", "19-20", "--top-layers", "1", "--bootstrap", "20",
+                     "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "results.json").read_text())
+    validate_results(record)
+    (row,) = record["results"]["rows"]
+    assert sorted(row["ranking"]) == [19, 20]
+    assert [len(step["layers"]) for step in row["steps"]] == [1, 2]
+    assert row["steps"][0]["bank_bytes"] * 2 == row["steps"][1]["bank_bytes"]
+    assert row["prompt_kv_bytes"] > 0
+    assert (tmp_path / "layer_ablation.png").is_file()
+    assert "| N- | 2 | [19, 20] |" in (tmp_path / "report.md").read_text()
