@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from eval_harness.bigfive import CAA_FRAMES
 from hf_memory import (
     BankSet,
     CAAMethod,
@@ -41,7 +42,6 @@ WORRY_CASES = [
     ("How do you feel about the trip next week?",
      "Honestly, I'm scared something will go wrong.", "Honestly, I'm sure it will go well."),
 ]
-CAA_FRAMES = ("{}", "Honestly, {}", "About me: {}")
 
 
 @torch.no_grad()

@@ -58,8 +58,6 @@ __all__ = ["DIRECTIONS", "TraitSteeringConfig", "eval_pairs", "run_layer_ablatio
            "run_trait_steering"]
 
 EVAL_PATH = Path(__file__).parent / "data" / "trait_pairs.json"
-CONTROL_OF = {"memory": ("memory-neutral", "memory-reference"),
-              "prompt": ("prompt-neutral", "prompt-reference")}
 
 
 def eval_pairs(limit: int | None = None) -> list[dict[str, Any]]:
