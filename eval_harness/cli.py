@@ -27,6 +27,13 @@ def _limit(text: str) -> int:
     return value
 
 
+def _pairs_count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 24:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 24 pairs, got {text}")
+    return value
+
+
 def _layer_spec(text: str) -> list[int]:
     from hf_memory.demo import parse_layers
 
@@ -69,6 +76,7 @@ def _eval(args: argparse.Namespace) -> None:
         steering = TraitSteeringConfig(directions=args.directions, limit=args.limit,
                                        questionnaire_limit=args.limit,
                                        candidate_layers=args.candidate_layers,
+                                       calibration_pairs=args.calibration_pairs,
                                        top_layers=args.top_layers, caa_layer=args.caa_layer,
                                        num_bootstrap=args.bootstrap, seed=args.seed,
                                        selectors_dir=args.selectors or str(out / "selectors"))
@@ -138,6 +146,9 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--candidate-layers", type=_layer_spec, metavar="SPEC",
                      help="trait-steering: layers the behavioural selector may pick (default: "
                           "all)")
+    run.add_argument("--calibration-pairs", type=_pairs_count, default=24, metavar="N",
+                     help="trait-steering / layer-ablation: calibration pairs per direction for "
+                          "the selector and the CAA scale, 1-24 (default: all 24)")
     run.add_argument("--gain", type=float, default=2.0, help="bank gain lambda")
     run.add_argument("--caa-layer", type=int, default=10)
     run.add_argument("--caa-scale", type=float, default=2.0)

@@ -46,8 +46,9 @@ from hf_memory.calibration import (
     neutral_text,
     oriented,
 )
+from hf_memory.demo import selectors_dir
 from hf_memory.likelihood import pair_margins
-from hf_memory.selector import DEFAULT_GAINS
+from hf_memory.selector import DEFAULT_GAINS, pairs_digest
 from hf_memory.site_search import ShiftObjective, best_strength
 
 from .bigfive import CAA_FRAMES, answer_items, load_items
@@ -85,8 +86,9 @@ class TraitSteeringConfig:
     top_layers: int = 5
     candidate_layers: Sequence[int] | None = None
     gains: Sequence[float] = DEFAULT_GAINS
-    calibration_pairs: int = 6
-    drift_pairs: int = 1
+    calibration_pairs: int = 24
+    drift_pairs: int = 2
+    uncertainty_weight: float = 1.0
     bank_context: str = "system"
     bank_template: str = "{text}"
     caa_layer: int = 10
@@ -107,8 +109,8 @@ class TraitSteeringConfig:
                              f"{list(self.directions)}")
         if self.caa_start not in ("all", "instruction"):
             raise ValueError(f"caa_start must be 'all' or 'instruction', got {self.caa_start!r}")
-        if not 1 <= self.calibration_pairs <= 8:
-            raise ValueError("calibration_pairs must be between 1 and 8 per trait")
+        if not 1 <= self.calibration_pairs <= 24:
+            raise ValueError("calibration_pairs must be between 1 and 24 per trait")
         self.directions = list(self.directions)
 
 
@@ -128,17 +130,27 @@ def _bank(model, tokenizer, text: str, role: str, name: str, config) -> MemoryBa
 
 def _behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
                           direction: str) -> Selector:
-    """Calibrate (and save under ``config.selectors_dir``), or reuse the one saved there for the
-    same banks."""
+    """Reuse a frozen selector for the same banks, calibration pairs and objective (the one saved
+    under ``config.selectors_dir``, else the one shipped with the package), or calibrate one and
+    save it there."""
     path = Path(config.selectors_dir) / direction if config.selectors_dir else None
-    if path is not None and (path / "selector.json").is_file():
-        saved = Selector.from_pretrained(path, model=model)
-        if saved.config.get("banks") == banks.audit():
-            return saved
+    wanted = {"banks": banks.audit(), "pairs_sha256": pairs_digest(pairs, drift),
+              "uncertainty_weight": config.uncertainty_weight, "top_layers": config.top_layers,
+              "gains": sorted(float(g) for g in config.gains)}
+    candidates = sorted({layer for bank in banks for layer in bank.layers}
+                        if config.candidate_layers is None else set(config.candidate_layers))
+    shipped = Path(str(selectors_dir())) / direction
+    for place in (path, shipped):
+        if place is not None and (place / "selector.json").is_file():
+            saved = Selector.from_pretrained(place, model=model)
+            if (saved.candidate_layers == candidates
+                    and all(saved.config.get(key) == value for key, value in wanted.items())):
+                return saved
     selector = Selector.calibrate_behavioural(
         model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
         candidate_layers=config.candidate_layers, gains=config.gains,
-        batch_size=config.batch_size, progress=False)
+        uncertainty_weight=config.uncertainty_weight, batch_size=config.batch_size,
+        progress=False)
     if path is not None:
         selector.save_pretrained(path)
     return selector
@@ -206,9 +218,12 @@ def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[st
         _, _, target, reference = direction_parts(direction)
         pairs, drift = calibration_pairs(direction, config.calibration_pairs,
                                          config.drift_pairs)
-        objective = ShiftObjective(model, tokenizer, pairs, drift, batch_size=config.batch_size)
-        target_bank = _bank(model, tokenizer, target, "target", f"{direction}", config)
-        reference_bank = _bank(model, tokenizer, reference, "reference", f"{direction}~", config)
+        objective = ShiftObjective(model, tokenizer, pairs, drift,
+                                   uncertainty_weight=config.uncertainty_weight,
+                                   batch_size=config.batch_size)
+        # named as the demo's persona_bank, so that the shipped selectors match when the recipe does
+        target_bank = _bank(model, tokenizer, target, "target", "persona", config)
+        reference_bank = _bank(model, tokenizer, reference, "reference", "reference", config)
         banks = BankSet([target_bank], model=model)
         selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config,
                                          direction)
@@ -249,7 +264,7 @@ def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[st
             same_sites = {"selector": selector}
             neutral_bank = _bank(model, tokenizer, neutral, "target", "neutral", config)
             as_target = MemoryBank.from_tensors(reference_bank.keys, reference_bank.values,
-                                                name=f"{direction}~", role="target",
+                                                name="reference", role="target",
                                                 layers=reference_bank.layers,
                                                 provenance=reference_bank.provenance)
             methods["memory-neutral"] = MemoryMethod(BankSet([neutral_bank], model=model),
@@ -325,7 +340,7 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
         _, _, target, _ = direction_parts(direction)
         pairs, drift = calibration_pairs(direction, config.calibration_pairs,
                                          config.drift_pairs)
-        bank = _bank(model, tokenizer, target, "target", direction, config)
+        bank = _bank(model, tokenizer, target, "target", "persona", config)
         banks = BankSet([bank], model=model)
         selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config,
                                          direction)

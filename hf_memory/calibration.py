@@ -63,7 +63,7 @@ def oriented(item: dict[str, Any], sign: int) -> tuple[str, str, str]:
             else (item["question"], item["low"], item["high"]))
 
 
-def calibration_pairs(direction: str, count: int = 6, drift_count: int = 1
+def calibration_pairs(direction: str, count: int = 24, drift_count: int = 2
                       ) -> tuple[list[tuple[str, str, str]], dict[str, list]]:
     """Target pairs of ``direction`` (answers and statements alternating, ``count`` of them) and
     ``drift_count`` pairs per other trait, for

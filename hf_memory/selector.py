@@ -37,13 +37,23 @@ from .chat import chat_messages
 from .fingerprint import check_fingerprint, model_fingerprint
 from .steering import steer
 
-__all__ = ["Selector", "SelectorFormatError", "alignment_margin", "select_sites", "unit_scores"]
+__all__ = ["Selector", "SelectorFormatError", "alignment_margin", "pairs_digest", "select_sites",
+           "unit_scores"]
 
 FORMAT_VERSION = 1
 CONFIG_NAME = "selector.json"
 DIAGNOSTICS_NAME = "diagnostics.safetensors"
 DIAGNOSTICS = ("alignment", "target_mass", "reference_mass", "prompt_mass", "score")
 DEFAULT_GAINS = (0.5, 1.0, 2.0, 4.0)
+
+
+def pairs_digest(pairs: Sequence[tuple[str, str, str]],
+                 drift_pairs: Mapping[str, Sequence[tuple[str, str, str]]] | None = None) -> str:
+    """SHA-256 of calibration pairs and drift groups (recorded by a behavioural selector)."""
+    return hashlib.sha256(json.dumps(
+        [[list(p) for p in pairs],
+         {k: [list(p) for p in v] for k, v in (drift_pairs or {}).items()}],
+        sort_keys=True).encode()).hexdigest()
 
 
 class SelectorFormatError(ValueError):
@@ -316,6 +326,7 @@ class Selector:
         candidate_layers: Sequence[int] | None = None,
         gains: Sequence[float] = DEFAULT_GAINS,
         drift_weight: float = 1.0,
+        uncertainty_weight: float = 1.0,
         max_evaluations: int | None = None,
         batch_size: int = 16,
         progress: bool = True,
@@ -331,7 +342,10 @@ class Selector:
             top_layers: the layer budget m (the search may keep fewer).
             candidate_layers: layers to consider (default: every layer a bank covers).
             gains: candidate layer gains ρ (multiplying every bank gain).
-            drift_weight: weight of drift in the score (target − weight · drift).
+            drift_weight: weight of drift in the score.
+            uncertainty_weight: weight of the target movement's standard error over the pairs
+                in the score (target − uncertainty_weight · se − drift_weight · drift): a
+                lower confidence bound, so a site must move the pairs consistently.
             max_evaluations: scored configurations allowed (default: candidates + top_layers
                 + 2·len(gains)); each is one batch of forward passes over the pairs.
         """
@@ -349,16 +363,14 @@ class Selector:
         budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
                   else max_evaluations)
         objective = ShiftObjective(model, tokenizer, pairs, dict(drift_pairs or {}),
-                                   drift_weight=drift_weight, batch_size=batch_size)
+                                   drift_weight=drift_weight,
+                                   uncertainty_weight=uncertainty_weight, batch_size=batch_size)
         best, history = search_sites(objective, banks, candidates, top_layers=top_layers,
                                      gains=gains, max_evaluations=budget, progress=progress)
         singles = {h.layers[0]: h for h in history[:len(candidates)]}
         diagnostics = {name: torch.tensor([[getattr(singles[layer], name)]
                                            for layer in candidates], dtype=torch.float32)
-                       for name in ("target", "drift", "score")}
-        pairs_hash = hashlib.sha256(json.dumps(
-            [list(pairs), {k: [list(p) for p in v] for k, v in (drift_pairs or {}).items()}],
-            sort_keys=True).encode()).hexdigest()
+                       for name in ("target", "target_se", "drift", "score")}
         heads = config.num_attention_heads
         return cls(
             layers=list(best.layers), units={layer: list(range(heads)) for layer in best.layers},
@@ -366,9 +378,10 @@ class Selector:
             candidate_layers=list(candidates), diagnostics=diagnostics,
             config={"objective": "behavioural", "top_layers": top_layers,
                     "gains": sorted(float(g) for g in gains), "drift_weight": drift_weight,
+                    "uncertainty_weight": uncertainty_weight,
                     "max_evaluations": budget, "evaluations": objective.evaluations,
                     "num_pairs": len(pairs), "drift_groups": sorted(drift_pairs or {}),
-                    "pairs_sha256": pairs_hash, "banks": banks.audit(),
+                    "pairs_sha256": pairs_digest(pairs, drift_pairs), "banks": banks.audit(),
                     "best": best.as_dict(), "history": [h.as_dict() for h in history]},
             fingerprint=model_fingerprint(model))
 

@@ -7,8 +7,14 @@ the most bank mass are not the ones where the content steers. This selector inst
 effect directly on calibration contrast pairs (:mod:`hf_memory.likelihood`):
 
     target(S) = mean over target pairs of the margin shift under steering at sites S
+    se(S)     = its standard error over the pairs (sample std / √n)
     drift(S)  = mean over drift groups g of |mean shift of g's pairs|
-    score(S)  = target(S) − drift_weight · drift(S)
+    score(S)  = target(S) − uncertainty_weight · se(S) − drift_weight · drift(S)
+
+The standard-error term makes the score a lower confidence bound on the movement: per-pair
+shifts on a 135M model are large and of both signs (a bank at one layer moves single pairs by
+±5 nats), so the plain mean rewards sites that shake the model more than ones that move it
+consistently, and picking the best of ~30 noisy means overfits the calibration pairs.
 
 Search, with a fixed budget of scored configurations (each one batch of forward passes):
 1. every candidate layer alone (all units) at the largest gain;
@@ -31,22 +37,24 @@ from .bank_set import BankSet
 from .likelihood import ContrastPair, _check_pairs, pair_margins
 from .methods import MemoryMethod, Method
 
-__all__ = ["ShiftObjective", "SiteScore", "best_strength", "search_sites"]
+__all__ = ["ShiftObjective", "SiteScore", "best_strength", "search_sites", "summarize_shifts"]
 
 
 @dataclass(frozen=True)
 class SiteScore:
-    """One scored configuration: layers, gain ρ, target movement, drift and their score."""
+    """One scored configuration: layers, gain ρ, target movement, drift, score, and the
+    standard error of the target movement."""
 
     layers: tuple[int, ...]
     gain: float
     target: float
     drift: float
     score: float
+    target_se: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"layers": list(self.layers), "gain": self.gain, "target": self.target,
-                "drift": self.drift, "score": self.score}
+                "target_se": self.target_se, "drift": self.drift, "score": self.score}
 
 
 @dataclass
@@ -56,7 +64,8 @@ class ShiftObjective:
     Args:
         pairs: ``(prompt, target reply, reference reply)`` triples of the steered dimension.
         drift_pairs: other dimensions' pairs by name; their absolute mean shifts are drift.
-        drift_weight: score = target − drift_weight · drift.
+        drift_weight: weight of drift in the score.
+        uncertainty_weight: weight of the target's standard error in the score (0: the mean).
     """
 
     model: nn.Module
@@ -64,6 +73,7 @@ class ShiftObjective:
     pairs: Sequence[ContrastPair]
     drift_pairs: Mapping[str, Sequence[ContrastPair]] = field(default_factory=dict)
     drift_weight: float = 1.0
+    uncertainty_weight: float = 1.0
     batch_size: int = 16
     evaluations: int = 0
 
@@ -79,20 +89,35 @@ class ShiftObjective:
         self.plain = pair_margins(self.model, self.tokenizer, self._all,
                                   batch_size=self.batch_size)
 
-    def split(self, shift: torch.Tensor) -> tuple[float, float]:
-        """(target movement, drift) of per-pair shifts ordered as pairs, then drift groups."""
-        means = [float(shift[a:b].mean()) for a, b in zip(self._bounds, self._bounds[1:],
-                                                          strict=False)]
-        drift = sum(abs(m) for m in means[1:]) / len(means[1:]) if len(means) > 1 else 0.0
-        return means[0], drift
+    def split(self, shift: torch.Tensor) -> tuple[float, float, float]:
+        """(target movement, its standard error, drift) of per-pair shifts ordered as pairs,
+        then drift groups."""
+        return summarize_shifts(shift, self._bounds)
 
-    def __call__(self, method: Method) -> tuple[float, float, float]:
-        """(target, drift, score) of ``method`` against the plain model."""
+    def score(self, target: float, se: float, drift: float) -> float:
+        return target - self.uncertainty_weight * se - self.drift_weight * drift
+
+    def measure(self, method: Method) -> dict[str, float]:
+        """``target``, ``target_se``, ``drift`` and ``score`` of ``method`` against the plain
+        model."""
         self.evaluations += 1
         shift = pair_margins(self.model, self.tokenizer, self._all, method=method,
                              batch_size=self.batch_size) - self.plain
-        target, drift = self.split(shift)
-        return target, drift, target - self.drift_weight * drift
+        target, se, drift = self.split(shift)
+        return {"target": target, "target_se": se, "drift": drift,
+                "score": self.score(target, se, drift)}
+
+
+def summarize_shifts(shift: torch.Tensor, bounds: Sequence[int]) -> tuple[float, float, float]:
+    """(mean, standard error, drift) of per-pair margin shifts: ``shift[bounds[0]:bounds[1]]``
+    are the target pairs (mean and sample std / √n; 0 for one pair), each further
+    ``shift[bounds[i]:bounds[i + 1]]`` a drift group (drift: mean of the groups' |mean|)."""
+    groups = [shift[a:b].double() for a, b in zip(bounds, bounds[1:], strict=False)]
+    target = groups[0]
+    se = float(target.std() / len(target) ** 0.5) if len(target) > 1 else 0.0
+    drift = (sum(abs(float(g.mean())) for g in groups[1:]) / len(groups[1:])
+             if len(groups) > 1 else 0.0)
+    return float(target.mean()), se, drift
 
 
 def best_strength(objective: ShiftObjective, make_method: Callable[[float], Method],
@@ -102,9 +127,8 @@ def best_strength(objective: ShiftObjective, make_method: Callable[[float], Meth
         raise ValueError("give at least one strength to try")
     rows = []
     for strength in strengths:
-        target, drift, score = objective(make_method(float(strength)))
-        rows.append({"strength": float(strength), "target": target, "drift": drift,
-                     "score": score})
+        rows.append({"strength": float(strength),
+                     **objective.measure(make_method(float(strength)))})
     best = max(rows, key=lambda r: (r["score"], -r["strength"]))
     return best["strength"], rows
 
@@ -133,7 +157,7 @@ def search_sites(objective: ShiftObjective, banks: BankSet, candidates: Sequence
         layers = tuple(sorted({int(i) for i in layers}))
         method = MemoryMethod(banks, layers=list(layers),
                               layer_gains={layer: gain for layer in layers})
-        result = SiteScore(layers, gain, *objective(method))
+        result = SiteScore(layers, gain, **objective.measure(method))
         history.append(result)
         bar.update()
         bar.set_postfix_str(f"best {max(h.score for h in history):+.2f}")

@@ -93,6 +93,10 @@ def test_bad_task_arguments_are_one_line_errors(capsys):
         cli.main(["eval", "bigfive", "--method", "plain,telepathy"])
     assert exit_info.value.code == 2
     assert "choose from plain, prompt, caa, memory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "trait-steering", "--calibration-pairs", "25"])
+    assert exit_info.value.code == 2
+    assert "must be between 1 and 24 pairs, got 25" in capsys.readouterr().err
     assert cli.main(["eval", "bigfive", "--model", "/nonexistent/model"]) == 2
     assert "cannot load model" in capsys.readouterr().err.strip().splitlines()[-1]
     assert cli.main(["report", "/nonexistent/results.json"]) == 2
@@ -167,7 +171,8 @@ def test_bigfive_generation_smoke_run(tmp_path):
 @pytest.mark.slow
 def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     assert cli.main(["eval", "trait-steering", "--directions", "N+", "--limit", "1",
-                     "--candidate-layers", "19-20", "--top-layers", "1", "--bootstrap", "20",
+                     "--candidate-layers", "19-20", "--calibration-pairs", "4",
+                     "--top-layers", "1", "--bootstrap", "20",
                      "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     validate_results(record)
@@ -195,7 +200,8 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
 @pytest.mark.slow
 def test_layer_ablation_smoke_run(tmp_path):
     assert cli.main(["eval", "layer-ablation", "--directions", "N-", "--limit", "1",
-                     "--candidate-layers", "19-20", "--top-layers", "1", "--bootstrap", "20",
+                     "--candidate-layers", "19-20", "--calibration-pairs", "4",
+                     "--top-layers", "1", "--bootstrap", "20",
                      "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     validate_results(record)

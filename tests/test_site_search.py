@@ -11,7 +11,7 @@ from eval_harness.metrics import load_metric
 from hf_memory import BankSet, CAAVectors, MemoryBank, apply_caa
 from hf_memory.banks import render_in_context
 from hf_memory.selector import select_sites
-from hf_memory.site_search import SiteScore, best_strength, search_sites
+from hf_memory.site_search import SiteScore, best_strength, search_sites, summarize_shifts
 from tests.test_memory_inception import random_bank
 from tests.tiny_models import tiny_model
 
@@ -23,13 +23,13 @@ class TableObjective:
     def __init__(self, per_layer):
         self.per_layer, self.calls = per_layer, []
 
-    def __call__(self, method):
+    def measure(self, method):
         layers = method.steering["layers"]
         gain = next(iter(method.steering["layer_gains"].values()))
         self.calls.append((tuple(layers), gain))
         target = sum(self.per_layer[layer] for layer in layers) * gain / 2
         drift = 0.1 * len(layers)
-        return target, drift, target - drift
+        return {"target": target, "target_se": 0.0, "drift": drift, "score": target - drift}
 
 
 def test_search_is_singles_then_greedy_then_gains():
@@ -63,11 +63,22 @@ def test_search_respects_the_layer_budget_and_rejects_bad_budgets():
 
 def test_best_strength_picks_the_highest_score_and_the_smaller_strength_on_ties():
     class Objective:
-        def __call__(self, strength):
-            return strength, abs(strength - 4), strength - abs(strength - 4)
+        def measure(self, strength):
+            return {"target": strength, "target_se": 0.0, "drift": abs(strength - 4),
+                    "score": strength - abs(strength - 4)}
 
     strength, rows = best_strength(Objective(), lambda s: s, [1.0, 4.0, 8.0])
     assert strength == 4.0 and [r["score"] for r in rows] == [-2.0, 4.0, 4.0]
+
+
+def test_shift_summary_is_mean_standard_error_and_mean_absolute_group_drift():
+    # target pairs 1, 2, 6: mean 3, sample std sqrt(7), se sqrt(7/3); groups (-2, 0) and (4,)
+    shift = torch.tensor([1.0, 2.0, 6.0, -2.0, 0.0, 4.0])
+    target, se, drift = summarize_shifts(shift, [0, 3, 5, 6])
+    assert target == pytest.approx(3.0)
+    assert se == pytest.approx((7 / 3) ** 0.5)
+    assert drift == pytest.approx((1.0 + 4.0) / 2)
+    assert summarize_shifts(torch.tensor([2.5]), [0, 1]) == (2.5, 0.0, 0.0)
 
 
 def test_alignment_first_ordering_uses_mass_only_to_break_ties():

@@ -133,26 +133,24 @@ def test_a_selector_of_another_format_version_is_refused(tmp_path):
         Selector.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("direction", [
-    pytest.param("N+", marks=pytest.mark.xfail(strict=True, reason=(
-        "measured: the anxious selector's sites (layers 16, 24, rho 4) move the calibration "
-        "pairs +1.5 nats but this probe -0.9; layers 18-22 move the probe +13 but the "
-        "calibration pairs -2.1 (BENCHMARKS.md, 'Memory inception through the automatic "
-        "path')"))),
-    "N-",
-])
+@pytest.mark.parametrize("direction", ["N+", "N-"])
 def test_the_automatic_path_moves_the_probe_towards_the_target(default_model, direction):
     """The shipped frozen selector, with the direction's descriptor bank: the worry probe moves
-    towards the target (up for anxious, down for calm), and at least as far as the same text
-    as a visible system prompt moves it."""
+    towards the target (up for anxious, down for calm), at least as far as the same text as a
+    visible system prompt moves it, and the opposite descriptor's bank at the same sites moves
+    it the other way."""
     model, tokenizer = default_model
-    _, sign, target, _ = direction_parts(direction)
+    _, sign, target, reference = direction_parts(direction)
     selector = shipped_selector(direction, model=model)
     assert selector.config["objective"] == "behavioural"
     plain = worry_margin(model, tokenizer)
     banks = BankSet([persona_bank(model, tokenizer, target)], model=model)
     with steer(model, banks, selector=selector):
         memory = worry_margin(model, tokenizer)
+    with steer(model, BankSet([persona_bank(model, tokenizer, reference)], model=model),
+               selector=selector):
+        opposite = worry_margin(model, tokenizer)
     prompt = worry_margin(model, tokenizer, PromptMethod(target, tokenizer=tokenizer))
     assert sign * (memory - plain) > 0, (plain, memory)
     assert sign * (memory - plain) >= sign * (prompt - plain), (plain, memory, prompt)
+    assert sign * (opposite - plain) < 0, (plain, opposite)
