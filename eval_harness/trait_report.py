@@ -90,7 +90,8 @@ def render_trait_steering(record: dict[str, Any], out: Path) -> list[Path]:
         s = setups[d]
         mem = s["memory"]
         gain = next(iter(mem["gain"].values()))
-        mass = ", ".join(f"{layer}: {m[d]:.2f}" for layer, m in mem["routing_mass"].items())
+        mass = ", ".join(f"{layer}: {_bank_mass(m):.2f}"
+                         for layer, m in mem["routing_mass"].items())
         diagnostic = s.get("memory-diagnostic", {}).get("layers", "")
         lines.append(f"| {d} | {mem['layers']} ({gain:g}) | {mass} | "
                      f"{s['kv']['actual_ratio']:.1f}x | {diagnostic} | {s['caa']['scale']:g} |")
@@ -100,6 +101,11 @@ def render_trait_steering(record: dict[str, Any], out: Path) -> list[Path]:
     report = out / "report.md"
     report.write_text("\n".join(lines))
     return [report, plot]
+
+
+def _bank_mass(per_source: dict[str, float]) -> float:
+    """Routing mass on the banks at one layer: everything that is not the prompt."""
+    return sum(mass for source, mass in per_source.items() if source != "prompt")
 
 
 def _das_plot(by: dict, directions: list[str], path: Path, title: str) -> Path:
