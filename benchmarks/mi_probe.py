@@ -4,7 +4,8 @@ Margin = log p(worried replies) − log p(calm replies) to two questions about u
 (nats, summed; ``tests/test_memory_inception_real.py::WORRY_CASES``). Conditions, for the
 anxious (N+) and the calm (N−) descriptor: the visible prompt (added to the default system
 prompt, and replacing it), CAA at the scale calibrated on the shipped calibration pairs, memory
-through the shipped frozen behavioural selector, the same sites with a neutral bank, and memory
+through the shipped frozen behavioural selector, the same sites with a neutral bank and with the
+opposite descriptor's bank (and the opposite prompt), and memory
 through the paper's diagnostic selector (target + reference banks).
 Usage: python benchmarks/mi_probe.py
 """
@@ -64,6 +65,8 @@ def main() -> None:
         banks = BankSet([persona_bank(model, tokenizer, target)], model=model)
         neutral = BankSet([persona_bank(model, tokenizer, neutral_text(), name="neutral")],
                           model=model)
+        opposite = BankSet([persona_bank(model, tokenizer, reference, name="opposite")],
+                           model=model)
         pairs, drift = calibration_pairs(direction)
         vectors = CAAVectors.extract(model, tokenizer, [(f.format(target), f.format(reference))
                                                         for f in CAA_FRAMES], layers=[10])
@@ -84,6 +87,8 @@ def main() -> None:
             ("CAA layer 10, calibrated scale", CAAMethod(vectors, scale=scale)),
             ("memory, shipped behavioural selector", MemoryMethod(banks, selector)),
             ("same sites and gain, neutral bank", MemoryMethod(neutral, selector)),
+            ("same sites and gain, opposite descriptor's bank", MemoryMethod(opposite, selector)),
+            ("prompt of the opposite descriptor", PromptMethod(reference, tokenizer=tokenizer)),
             ("memory, diagnostic selector, target + reference",
              MemoryMethod(contrastive, diagnostic)),
         ]
