@@ -16,7 +16,7 @@ def _train(args: argparse.Namespace) -> None:
     try:
         task = ArithTask(held_out_fraction=args.held_out_fraction,
                          two_var_ratio=args.two_var_ratio, one_var_ratio=args.one_var_ratio,
-                         split_seed=args.split_seed)
+                         held_out_split=args.held_out_split, split_seed=args.split_seed)
         config = ArithConfig(hidden_size=args.hidden_size, head_dim=args.head_dim,
                              intermediate_size=args.intermediate_size,
                              num_attention_heads=args.heads)
@@ -67,12 +67,17 @@ def add_arith_parsers(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--held-out-fraction", type=unit_interval, default=0.3, metavar="F",
                        help="share of addition pairs never trained on (default 0.3; the "
                             "paper's f is 1 - F)")
-    train.add_argument("--two-var-ratio", type=non_negative, default=1.0, metavar="R",
-                       help="r: frequency of 2-var sequences relative to 0-var (default 1)")
-    train.add_argument("--one-var-ratio", type=non_negative, default=1.0, metavar="R",
-                       help="frequency of 1-var sequences relative to 0-var (default 1)")
-    train.add_argument("--split-seed", type=int, default=0, metavar="S",
-                       help="seed of the held-out pair choice")
+    train.add_argument("--two-var-ratio", type=non_negative, default=10 / 12, metavar="R",
+                       help="r: frequency of 2-var sequences relative to 0-var (default 10/12, "
+                            "the authors' mix 12 : 20 : 10)")
+    train.add_argument("--one-var-ratio", type=non_negative, default=20 / 12, metavar="R",
+                       help="frequency of 1-var sequences relative to 0-var (default 20/12)")
+    train.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",
+                       help="held-out pair recipe: 'authors' (random.Random(seed).sample of the "
+                            "training pairs, their code) or 'torch' (our first version)")
+    train.add_argument("--split-seed", type=int, default=None, metavar="S",
+                       help="seed of the held-out pair choice (default 42 for 'authors', 0 for "
+                            "'torch')")
     train.add_argument("--seed", type=int, default=0, metavar="S")
     train.add_argument("--hidden-size", type=positive_int, default=128, metavar="D")
     train.add_argument("--head-dim", type=positive_int, default=128, metavar="D")

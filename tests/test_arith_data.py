@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
-from modeling.arith import CURATED_POOLS, POOLS, ArithTask, arith_dataset, decode, sample_batch
+from modeling.arith import (
+    CURATED_POOLS,
+    POOLS,
+    SPLITS,
+    ArithTask,
+    arith_dataset,
+    decode,
+    sample_batch,
+)
 from modeling.arith.data_arith import sample_pool
 
 TASK = ArithTask()
@@ -112,15 +121,42 @@ def test_every_pool_follows_the_grammar_and_its_split(name):
 
 def test_held_out_fraction_and_split_seed():
     mask = TASK.held_out_mask()
-    assert mask.shape == (59, 59) and int(mask.sum()) == round(0.3 * 59 * 59)
+    assert mask.shape == (59, 59) and int(mask.sum()) == 3481 - int(0.7 * 59 * 59) == 1045
     assert torch.equal(mask, ArithTask().held_out_mask())
     assert not torch.equal(mask, ArithTask(split_seed=1).held_out_mask())
-    assert int(ArithTask(held_out_fraction=0.0).held_out_mask().sum()) == 0
+    for split in SPLITS:
+        assert int(ArithTask(held_out_fraction=0.0, held_out_split=split)
+                   .held_out_mask().sum()) == 0
+
+
+def test_default_split_is_the_authors_sample_of_training_pairs():
+    # the authors' code: P row-major, random.Random(42).sample(P, 2436) are the training pairs
+    pairs = [(a, b) for a in range(59) for b in range(59)]
+    trained = set(random.Random(42).sample(pairs, 2436))
+    mask = TASK.held_out_mask()
+    assert TASK.split_seed == 42
+    assert {(a, b) for a, b in pairs if not mask[a, b]} == trained
+
+
+def test_torch_split_keeps_the_first_versions_pairs():
+    task = ArithTask(held_out_split="torch")
+    assert task.split_seed == 0
+    order = torch.randperm(59 * 59, generator=torch.Generator().manual_seed(0))
+    expected = torch.zeros(59 * 59, dtype=torch.bool)
+    expected[order[:round(0.3 * 59 * 59)]] = True
+    assert torch.equal(task.held_out_mask(), expected.view(59, 59))
+
+
+def test_default_mix_is_the_authors_12_20_10():
+    nv = sample_batch(TASK, 42_000, torch.Generator().manual_seed(5))["num_vars"]
+    for k, share in enumerate((12 / 42, 20 / 42, 10 / 42)):
+        sigma = math.sqrt(share * (1 - share) / len(nv))
+        assert abs((nv == k).float().mean().item() - share) <= 5 * sigma
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.25, 2.0])
 def test_two_var_ratio_sets_the_type_frequencies(ratio):
-    task = ArithTask(two_var_ratio=ratio)
+    task = ArithTask(two_var_ratio=ratio, one_var_ratio=1.0)
     nv = sample_batch(task, 20_000, torch.Generator().manual_seed(2))["num_vars"]
     expected = ratio / (2 + ratio)
     sigma = math.sqrt(max(expected * (1 - expected), 1e-12) / len(nv))
@@ -168,6 +204,7 @@ def test_decode_matches_the_papers_notation():
     ({"seq_len": 5}, "seq_len"), ({"max_assignments": 7}, "max_assignments"),
     ({"min_assignments": 0}, "min_assignments"), ({"held_out_fraction": 1.0}, "held_out_fraction"),
     ({"two_var_ratio": -1.0}, "two_var_ratio"), ({"one_var_ratio": -0.5}, "one_var_ratio"),
+    ({"held_out_split": "mine"}, "held_out_split must be one of authors, torch"),
     ({"no_lhs_variables": (12,)}, "no_lhs_variables"),
     ({"no_rhs_variables": tuple(range(12))}, "no_rhs_variables restricts every variable"),
 ])

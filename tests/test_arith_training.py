@@ -109,12 +109,14 @@ def test_cli_train_and_report(tmp_path, capsys):
     argv = ["arith-train", "--out", str(out), "--steps", "4", "--eval-every", "2",
             "--hidden-size", "16", "--head-dim", "8", "--intermediate-size", "16",
             "--pool-size", "32", "--final-pool-size", "32", "--two-var-ratio", "0.5",
-            "--held-out-fraction", "0.4"]
+            "--held-out-fraction", "0.4", "--held-out-split", "torch"]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "2var/var_restricted(2)" in printed and "novel_positions" in printed
     log = load_log(out)
     assert log["task"]["two_var_ratio"] == 0.5 and log["task"]["held_out_fraction"] == 0.4
+    assert log["task"]["one_var_ratio"] == 20 / 12  # the authors' mix unless told otherwise
+    assert log["task"]["held_out_split"] == "torch" and log["task"]["split_seed"] == 0
     assert [h["step"] for h in log["history"]] == [0, 2, 4]
     assert cli.main(["arith-report", str(out), "--out", str(tmp_path / "figs")]) == 0
     assert (tmp_path / "figs" / "arith_progress.png").is_file()
@@ -136,6 +138,10 @@ def test_cli_rejects_bad_fractions(capsys):
         cli.main(["arith-train", "--out", "x", "--held-out-fraction", "1.5"])
     assert exit_info.value.code == 2
     assert "--held-out-fraction: must be in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["arith-train", "--out", "x", "--held-out-split", "mine"])
+    assert exit_info.value.code == 2
+    assert "--held-out-split: invalid choice: 'mine'" in capsys.readouterr().err
 
 
 def test_pools_that_cannot_exist_are_left_out():

@@ -6,6 +6,7 @@ from .configuration_arith import ArithConfig
 from .data_arith import (
     CURATED_POOLS,
     POOLS,
+    SPLITS,
     ArithTask,
     PoolSpec,
     arith_dataset,
@@ -19,6 +20,7 @@ from .training_arith import TrainConfig, evaluate_pools, make_pools, train_arith
 __all__ = [
     "CURATED_POOLS",
     "POOLS",
+    "SPLITS",
     "ArithConfig",
     "ArithOutput",
     "ArithTask",

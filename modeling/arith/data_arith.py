@@ -7,7 +7,10 @@ then ``+ lhs rhs =``. Operands are numbers or assigned variables; the label is
 variable on the left or on the right), 2-var (two distinct variables).
 
 Training excludes (i) the held-out ordered addition pairs ``(value(lhs), value(rhs))`` in every
-form and (ii) variables in restricted operand positions. Default restriction (consistent with
+form and (ii) variables in restricted operand positions. The defaults are the authors' code: the
+training mix ``0-var : 1-var : 2-var = 12 : 20 : 10`` and the held-out pairs of
+``random.Random(42).sample(P, int(0.7 * N * N))`` over the row-major pair list ``P`` (the pairs
+not sampled are held out: 1,045 of 3,481 at ``N = 59``). Default restriction (consistent with
 the paper's section 6 and appendix A, which contradict its section 3): the first two variables
 (``a``, ``b``) never as the right operand, the last two (``k``, ``l``) never as the left.
 
@@ -17,6 +20,7 @@ stream exactly; :func:`arith_dataset` wraps a draw as a ``datasets.Dataset``.
 
 from __future__ import annotations
 
+import random
 import string
 from dataclasses import asdict, dataclass
 
@@ -30,12 +34,17 @@ except ImportError:  # pragma: no cover - datasets is a dependency of the packag
 __all__ = [
     "POOLS",
     "CURATED_POOLS",
+    "SPLITS",
     "ArithTask",
     "PoolSpec",
     "arith_dataset",
     "decode",
     "sample_batch",
 ]
+
+
+SPLITS = {"authors": 42, "torch": 0}
+"""Held-out pair recipes of :class:`ArithTask` and the seed each uses by default."""
 
 
 @dataclass(frozen=True)
@@ -48,13 +57,20 @@ class ArithTask:
         seq_len: ``T`` (16); the assignment prefix has ``T - 4`` tokens.
         min_assignments / max_assignments: assignments per prefix (1 and ``(T - 4) // 2``).
         held_out_fraction: fraction of the ``N^2`` ordered pairs never trained on (0.3).
-        one_var_ratio: frequency of 1-var relative to 0-var sequences in training (1.0).
-        two_var_ratio: ``r``, frequency of 2-var relative to 0-var sequences (1.0).
+        one_var_ratio: frequency of 1-var relative to 0-var sequences in training (20 / 12, the
+            authors' mix ``12 : 20 : 10``).
+        two_var_ratio: ``r``, frequency of 2-var relative to 0-var sequences (10 / 12).
         no_lhs_variables: variable indices never the left operand in training; default the
             last ``min(2, (V - 1) // 2)`` (``k``, ``l``).
         no_rhs_variables: variable indices never the right operand in training; default the
             first ``min(2, (V - 1) // 2)`` (``a``, ``b``).
-        split_seed: seed of the held-out pair choice.
+        held_out_split: how the held-out pairs are drawn. ``"authors"``: the authors' code,
+            ``random.Random(split_seed).sample(P, int((1 - held_out_fraction) * N * N))`` over
+            ``P = [(a, b) for a in range(N) for b in range(N)]`` picks the *training* pairs;
+            ``"torch"``: our first version, the first ``round(held_out_fraction * N * N)`` of a
+            ``torch.randperm`` are held out.
+        split_seed: seed of the held-out pair choice; None = 42 for ``"authors"`` (their seed),
+            0 for ``"torch"`` (our first version's).
     """
 
     modulus: int = 59
@@ -63,11 +79,12 @@ class ArithTask:
     min_assignments: int = 1
     max_assignments: int | None = None
     held_out_fraction: float = 0.3
-    one_var_ratio: float = 1.0
-    two_var_ratio: float = 1.0
+    one_var_ratio: float = 20 / 12
+    two_var_ratio: float = 10 / 12
     no_lhs_variables: tuple[int, ...] | None = None
     no_rhs_variables: tuple[int, ...] | None = None
-    split_seed: int = 0
+    held_out_split: str = "authors"
+    split_seed: int | None = None
 
     def __post_init__(self) -> None:
         count = max(0, min(2, (self.num_variables - 1) // 2))
@@ -78,6 +95,11 @@ class ArithTask:
             object.__setattr__(self, "no_rhs_variables", tuple(range(count)))
         object.__setattr__(self, "no_lhs_variables", tuple(self.no_lhs_variables))
         object.__setattr__(self, "no_rhs_variables", tuple(self.no_rhs_variables))
+        if self.held_out_split not in SPLITS:
+            raise ValueError(f"ArithTask.held_out_split must be one of {', '.join(SPLITS)}, "
+                             f"got {self.held_out_split!r}")
+        if self.split_seed is None:
+            object.__setattr__(self, "split_seed", SPLITS[self.held_out_split])
         prefix = self.seq_len - 4
         if self.modulus < 2:
             raise ValueError(f"ArithTask.modulus must be >= 2, got {self.modulus}")
@@ -140,6 +162,13 @@ class ArithTask:
     def held_out_mask(self) -> torch.Tensor:
         """``[N, N]`` bool, True for the held-out ordered pairs ``(lhs value, rhs value)``."""
         n = self.modulus
+        if self.held_out_split == "authors":
+            pairs = [(a, b) for a in range(n) for b in range(n)]
+            trained = random.Random(self.split_seed).sample(
+                pairs, int((1 - self.held_out_fraction) * n * n))
+            mask = torch.ones(n, n, dtype=torch.bool)
+            mask[tuple(torch.tensor(trained, dtype=torch.long).reshape(-1, 2).T)] = False
+            return mask
         count = round(self.held_out_fraction * n * n)
         gen = torch.Generator().manual_seed(self.split_seed)
         order = torch.randperm(n * n, generator=gen)
