@@ -10,7 +10,11 @@ import torch.nn.functional as F
 
 from modeling.air import AIRConfig, AIRSolver
 from modeling.air.configuration_air import INJECTION_VARIANTS, parse_injection
-from modeling.air.modeling_air import log_stablemax, stablemax_cross_entropy
+from modeling.air.modeling_air import (
+    log_stablemax,
+    stablemax_cross_entropy,
+    variance_corrected_trunc_normal_,
+)
 from tests.remote_code import assert_remote_code_load_is_exact
 
 VOCAB, SEQ = 6, 16
@@ -22,9 +26,11 @@ def tiny(**overrides) -> AIRSolver:
     fields.update(overrides)
     torch.manual_seed(0)
     model = AIRSolver(AIRConfig(**fields)).double()
-    with torch.no_grad():  # a non-zero puzzle embedding, so the prefix is seen in the checks
-        if model.puzzle_emb is not None:
+    with torch.no_grad():  # non-zero puzzle embedding and level tokens (both start at zero),
+        if model.puzzle_emb is not None:  # so the checks see them
             model.puzzle_emb.weight.normal_()
+        if model.level_emb is not None:
+            model.level_emb.normal_()
     return model
 
 
@@ -197,7 +203,7 @@ def _operator(model, name, x):
     if name == "linear":
         return model.input_proj(x)
     if name == "nonlinear":
-        return F.silu(model.input_proj(x))
+        return torch.tanh(model.input_proj(x))
     if name == "sign_flip":
         return -x
     return x
@@ -213,9 +219,9 @@ def _expected_inputs(model, recorder, x, operator="add"):
         if n == 0:
             expected = z_self + z_other
         elif operator == "hadamard":
-            expected = z_self + z_other * (n * x)
+            expected = z_self + (z_other + z_self) * (n * x)
         else:
-            expected = z_self + z_other + n * _operator(model, operator, x)
+            expected = z_self + (z_other + n * _operator(model, operator, x))  # authors' order
         yield call, expected
         if level == "L":
             z_L = call["output"]
@@ -294,7 +300,7 @@ def test_prepend_strip_puts_the_level_token_at_position_0_and_strips_it():
             assert call["input"].shape[1] == 2 + SEQ
             assert torch.equal(call["input"][:, 0], token.expand(3, -1))
             z_self, z_other = (z_L, z_H) if level == "L" else (z_H, z_L)
-            assert torch.equal(call["input"][:, 1:], z_self + z_other + 2 * x)
+            assert torch.equal(call["input"][:, 1:], z_self + (z_other + 2 * x))
             if level == "L":
                 z_L = call["output"][:, 1:]
             else:
@@ -542,3 +548,35 @@ def test_loads_with_trust_remote_code_offline_in_a_fresh_process(tmp_path):
     model = tiny().float().eval()
     ids, _ = batch()
     assert assert_remote_code_load_is_exact(model, ids, tmp_path) == "AIRSolver"
+
+
+# ----------------------------------------------------------------------------- authors' defaults
+def test_swiglu_width_rounds_up_to_a_multiple_of_256_as_the_authors():
+    assert AIRConfig().intermediate_size == 1536  # 2/3 * 4 * 512 = 1365.3 -> 1536
+    assert AIRConfig(hidden_size=128, num_attention_heads=4).intermediate_size == 512
+    assert AIRConfig(hidden_size=16, num_attention_heads=2).intermediate_size == 256
+    assert AIRConfig(intermediate_size=100).intermediate_size == 100
+
+
+def test_initialisers_draw_the_target_std_inside_two_of_their_scale():
+    torch.manual_seed(0)
+    values = variance_corrected_trunc_normal_(torch.empty(1_000_000, dtype=torch.float64), 0.5)
+    assert abs(values.std().item() - 0.5) < 0.002  # plain trunc_normal_ would give 0.44
+    density = math.exp(-2) / math.sqrt(2 * math.pi)  # phi(2)
+    truncated_variance = 1 - 4 * density / math.erf(math.sqrt(2))  # N(0, 1) cut at +-2: 0.7737
+    scale = 0.5 / math.sqrt(truncated_variance)
+    assert values.abs().max().item() <= 2 * scale + 1e-12
+    assert values.abs().max().item() > 2 * scale * 0.99
+    assert torch.equal(variance_corrected_trunc_normal_(torch.ones(3), 0.0), torch.zeros(3))
+
+
+def test_model_starts_from_the_authors_initialisation():
+    torch.manual_seed(0)
+    model = AIRSolver(AIRConfig(vocab_size=VOCAB, seq_len=SEQ, hidden_size=256,
+                                num_hidden_layers=1, num_attention_heads=4,
+                                level_token="addition"))
+    weight = model.block.layers[0].mlp.down_proj.weight  # in_features = 768
+    assert abs(weight.std().item() - 1 / math.sqrt(768)) < 0.01 / math.sqrt(768)
+    assert abs(model.H_init.std().item() - 1.0) < 0.15  # 256 draws of std 1
+    assert torch.equal(model.level_emb, torch.zeros_like(model.level_emb))
+    assert torch.equal(model.q_head.weight, torch.zeros_like(model.q_head.weight))

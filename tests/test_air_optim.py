@@ -251,10 +251,11 @@ def test_make_scheduler_drives_every_group():
         p.grad, q.grad = torch.ones(1), torch.ones(1)
         opt.step()
         sched.step()
-    for s, (lr_p, lr_q) in enumerate(seen):
-        mult = warmup_schedule(s, 4, 12, 0.25)
+    for step, (lr_p, lr_q) in enumerate(seen, start=1):  # the authors count steps from 1
+        mult = warmup_schedule(step, 4, 12, 0.25)
         assert lr_p == pytest.approx(2e-3 * mult) and lr_q == pytest.approx(1e-3 * mult)
-    assert seen[0] == [0.0, 0.0] and seen[4] == pytest.approx([2e-3, 1e-3])
+    assert seen[0] == pytest.approx([2e-3 / 4, 1e-3 / 4])  # lr * t / warmup at t = 1, never 0
+    assert seen[3] == pytest.approx([2e-3, 1e-3]) and seen[11] == pytest.approx([5e-4, 2.5e-4])
 
 
 # --------------------------------------------------------------------------- EMA

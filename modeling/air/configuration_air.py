@@ -59,7 +59,7 @@ class AIRConfig(PretrainedConfig):
         seq_len: cells per puzzle (81 for 9×9 Sudoku, 900 for a 30×30 maze).
         hidden_size, num_hidden_layers, num_attention_heads: the shared block (512, 4, 8).
         expansion: SwiGLU expansion; ``intermediate_size`` defaults to ``2/3 · expansion ·
-            hidden_size`` rounded up to a multiple of 64.
+            hidden_size`` rounded up to a multiple of 256 (the authors' code: 1536 at d 512).
         rope_theta, rms_norm_eps: RoPE base and the post-norm RMSNorm epsilon.
         H_cycles, L_cycles: the sub-step pattern ``(L × L_cycles, H) × H_cycles`` per segment.
         injection: copies of the encoded input ``x`` per update type, ``"Lx_H"`` (default),
@@ -69,8 +69,9 @@ class AIRConfig(PretrainedConfig):
             stripped from its output) or ``"prepend_no_strip"`` (the token lives at position 0 of
             each state and is never stripped).
         input_operator: how ``x`` enters an injecting update: ``"add"`` (``n·x``), ``"linear"``
-            (``n·Wx``), ``"nonlinear"`` (``n·SiLU(Wx)``), ``"sign_flip"`` (``−n·x``) or
-            ``"hadamard"`` (``z_other ⊙ (n·x)`` in place of ``z_other + n·x``).
+            (``n·Wx``), ``"nonlinear"`` (``n·tanh(Wx)``), ``"sign_flip"`` (``−n·x``) or
+            ``"hadamard"`` (``z_self + (z_other + z_self) ⊙ (n·x)``); the authors' code for each
+            (the paper does not give the formulas).
         single_state: one state updated by the same L,L,H pattern (appendix D ablation).
         share_weights: one block for both updates (AIR/TRM); ``False`` gives HRM's two networks.
         full_backprop: backpropagate through every sub-step of the segment instead of only the
@@ -79,7 +80,8 @@ class AIRConfig(PretrainedConfig):
             identifier and one prefix position for Sudoku and Maze; 0 positions disables it).
         halt_max_steps, halt_exploration_prob: ACT segments (16) and exploration (0.1).
         loss_type: ``"stablemax"`` (the paper) or ``"softmax"`` cross-entropy.
-        initial_state_std: std of the fixed truncated-normal initial states (±2 std).
+        initial_state_std: std of the fixed truncated-normal initial states (±2 std,
+            variance-corrected so the drawn values have this std).
     """
 
     model_type = "air"
@@ -130,7 +132,7 @@ class AIRConfig(PretrainedConfig):
                 f"({num_attention_heads}) heads of even size (RoPE rotates pairs)"
             )
         if intermediate_size is None:
-            intermediate_size = _find_multiple(expansion * hidden_size * 2 / 3, 64)
+            intermediate_size = _find_multiple(expansion * hidden_size * 2 / 3, 256)
         _check_int("intermediate_size", intermediate_size, 1)
         parse_injection(injection)
         _check_choice("level_token", level_token, LEVEL_TOKENS)

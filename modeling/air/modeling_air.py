@@ -38,6 +38,19 @@ __all__ = [
 IGNORE_LABEL = -100
 
 
+def variance_corrected_trunc_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
+    """Fill ``tensor`` from a normal truncated at ±2 of its own scale, with that scale chosen so
+    the *drawn* values have standard deviation ``std`` (the authors' initialiser; plain
+    ``nn.init.trunc_normal_(std=s, a=-2s, b=2s)`` gives 0.88·s)."""
+    if std == 0:
+        return nn.init.zeros_(tensor)
+    beta = 2.0
+    density = math.exp(-beta * beta / 2) / math.sqrt(2 * math.pi)
+    mass = math.erf(beta / math.sqrt(2))  # P(|z| < beta)
+    scale = std / math.sqrt(1 - 2 * beta * density / mass)
+    return nn.init.trunc_normal_(tensor, std=scale, a=-beta * scale, b=beta * scale)
+
+
 def _stablemax_s(x: torch.Tensor) -> torch.Tensor:
     # the 1 / (1 - x) branch sees 0 where x >= 0: evaluated at x = 1 its infinite slope would
     # turn the masked gradient into inf * 0 = NaN
@@ -251,28 +264,27 @@ class AIRPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
 
     def _init_weights(self, module: nn.Module) -> None:
-        """LeCun truncated normal for linear maps (HRM), zero puzzle embeddings, and the Q-head
-        starting at "continue" (weight 0, bias −5)."""
+        """LeCun truncated normal (variance-corrected, as the authors' code) for linear maps and
+        embeddings, zero puzzle embeddings and level tokens, and the Q-head starting at
+        "continue" (weight 0, bias −5)."""
         if isinstance(module, nn.Linear):
-            std = 1.0 / math.sqrt(module.in_features)
-            nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            variance_corrected_trunc_normal_(module.weight, 1.0 / math.sqrt(module.in_features))
         elif isinstance(module, nn.Embedding):
-            std = 1.0 / math.sqrt(module.embedding_dim)
-            nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            variance_corrected_trunc_normal_(module.weight, 1.0 / math.sqrt(module.embedding_dim))
         elif isinstance(module, AIRRotary):
             cos, sin = module._tables()
             module.cos.copy_(cos)
             module.sin.copy_(sin)
         if isinstance(module, AIRSolver):
-            std = self.config.initial_state_std
             for name in ("H_init", "L_init"):
-                nn.init.trunc_normal_(getattr(module, name), std=std, a=-2 * std, b=2 * std)
+                variance_corrected_trunc_normal_(getattr(module, name),
+                                                 self.config.initial_state_std)
             if module.puzzle_emb is not None:
                 nn.init.zeros_(module.puzzle_emb.weight)
             nn.init.zeros_(module.q_head.weight)
             nn.init.constant_(module.q_head.bias, -5.0)
             if module.level_emb is not None:
-                nn.init.trunc_normal_(module.level_emb, std=std, a=-2 * std, b=2 * std)
+                nn.init.zeros_(module.level_emb)
 
 
 class AIRSolver(AIRPreTrainedModel):
@@ -389,20 +401,22 @@ class AIRSolver(AIRPreTrainedModel):
     # ----------------------------------------------------------------- the recurrence
     def _update_input(self, level: str, z_self: torch.Tensor, z_other: torch.Tensor | None,
                       x: torch.Tensor) -> torch.Tensor:
-        """``z_self + u(z_other, x)``: what ``f`` receives for a ``level`` update."""
+        """``z_self + u(z_other, x)``: what ``f`` receives for a ``level`` update, summed in the
+        authors' order ``z_self + (z_other + n·g(x))``."""
         n = self.injection_counts[0 if level == "L" else 1]
         operator = self.config.input_operator
         if n == 0:
             return z_self if z_other is None else z_self + z_other
         if operator == "hadamard":
-            return z_self if z_other is None else z_self + z_other * (n * x)
+            gate = z_self if z_other is None else z_other + z_self
+            return z_self + gate * (n * x)
         if operator == "linear":
             x = self.input_proj(x)
         elif operator == "nonlinear":
-            x = F.silu(self.input_proj(x))
+            x = torch.tanh(self.input_proj(x))
         elif operator == "sign_flip":
             x = -x
-        return z_self + n * x if z_other is None else z_self + z_other + n * x
+        return z_self + n * x if z_other is None else z_self + (z_other + n * x)
 
     def _apply_block(self, level: str, hidden: torch.Tensor, output_attentions: bool
                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:

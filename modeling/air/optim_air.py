@@ -185,14 +185,15 @@ def make_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` applying :func:`warmup_schedule` to every param group's base lr.
 
-    Call ``scheduler.step()`` after each ``optimizer.step()``; as in HRM, the first optimizer
-    step then runs at multiplier ``warmup_schedule(0, ...)`` (0 when ``warmup_steps > 0``).
+    Call ``scheduler.step()`` after each ``optimizer.step()``. Steps count from 1, as in the
+    authors' code: the k-th optimizer step runs at ``warmup_schedule(k, ...)``, so the first at
+    ``1 / warmup_steps`` of the rate (never 0) and step ``warmup_steps`` at the full rate.
     """
     warmup_schedule(0, warmup_steps, total_steps, min_ratio)  # validate now, not at first step
     schedule = functools.partial(
         warmup_schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=min_ratio
     )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda index: schedule(index + 1))
 
 
 class EMA:
