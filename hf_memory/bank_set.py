@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from .adapters import get_adapter, head_dim
+from .atomic_files import write_json, write_safetensors, write_text
 from .banks import MemoryBank
 from .fingerprint import check_fingerprint, model_fingerprint
 
@@ -134,7 +135,11 @@ class BankSet:
         }
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
-        """Write ``config.json``, ``banks.safetensors`` and a ``README.md`` bank card."""
+        """Write ``banks.safetensors``, ``config.json`` and a ``README.md`` bank card.
+
+        Each file is written atomically, the tensors before the config that names their content
+        hashes, so a killed save leaves the previous bank set or the new one, and in the instant
+        between the two renames a mix that :meth:`from_pretrained` refuses by its hashes."""
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {}
@@ -145,11 +150,11 @@ class BankSet:
                 if getattr(bank, label) is not None:
                     tensors[f"{i}.{label}"] = getattr(bank, label).detach().contiguous().cpu()
         config = self._config()
-        save_file(tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
-        (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_safetensors(directory / WEIGHTS_NAME, tensors, metadata={"format": "pt"})
+        write_json(directory / CONFIG_NAME, config)
         from hub_cards.bank_card import render_bank_card
 
-        (directory / CARD_NAME).write_text(render_bank_card(config))
+        write_text(directory / CARD_NAME, render_bank_card(config))
         return directory
 
     @classmethod

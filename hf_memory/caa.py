@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from .adapters import get_adapter
+from .atomic_files import write_json, write_safetensors, write_text
 from .fingerprint import check_fingerprint, model_fingerprint
 
 __all__ = ["CAAHandle", "CAAVectors", "apply_caa"]
@@ -105,19 +106,19 @@ class CAAVectors:
         """Write ``config.json`` (layers, scale, fingerprint, provenance) and the vectors."""
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({str(k): v.contiguous().cpu() for k, v in self.vectors.items()},
-                  directory / WEIGHTS_NAME)
+        write_safetensors(directory / WEIGHTS_NAME,
+                          {str(k): v.contiguous().cpu() for k, v in self.vectors.items()})
         record = {"format_version": FORMAT_VERSION, "kind": "caa_vectors",
                   "layers": self.layers, "scale": self.scale, "fingerprint": self.fingerprint,
                   "provenance": self.provenance}
-        (directory / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        write_json(directory / CONFIG_NAME, record)
         pairs = self.provenance.get("pairs", [])
         card = ["---", "library_name: hf-memory", "tags:", "- caa", "- steering", "---", "",
                 "# Contrastive activation addition vectors", "",
                 f"Layers {self.layers}, scale {self.scale}, added post-attention. Extracted "
                 f"from {len(pairs)} contrastive pairs:", ""]
         card += [f"- + `{p}` / − `{n}`" for p, n in pairs]
-        (directory / "README.md").write_text("\n".join(card) + "\n")
+        write_text(directory / "README.md", "\n".join(card) + "\n")
         return directory
 
     @classmethod

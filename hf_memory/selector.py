@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
 from .adapters import get_adapter, head_dim
+from .atomic_files import write_json, write_safetensors, write_text
 from .bank_set import BankSet
 from .capture import capture_outputs
 from .chat import chat_messages
@@ -397,10 +398,11 @@ class Selector:
             "candidate_layers": self.candidate_layers, "config": self.config,
             "fingerprint": self.fingerprint,
         }
-        (directory / CONFIG_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        save_file({k: v.contiguous() for k, v in self.diagnostics.items()},
-                  directory / DIAGNOSTICS_NAME)
-        (directory / "README.md").write_text(_card(self))
+        # one atomic file each; the statistics first, the record that steers last
+        write_safetensors(directory / DIAGNOSTICS_NAME,
+                          {k: v.contiguous() for k, v in self.diagnostics.items()})
+        write_json(directory / CONFIG_NAME, record)
+        write_text(directory / "README.md", _card(self))
         return directory
 
     @classmethod

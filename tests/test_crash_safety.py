@@ -1,0 +1,96 @@
+"""Artifacts survive an interrupted write: the old one stays loadable or the new one is complete."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_memory import BankSet, BankSetFormatError, MemoryBank, atomic_files
+
+REPO = Path(__file__).resolve().parents[1]
+WRITER = """
+import sys
+from tests.test_crash_safety import _bank_set
+
+sets = [_bank_set(1), _bank_set(2)]
+for i in range(10_000):
+    sets[i % 2].save_pretrained(sys.argv[1])
+    print(i, flush=True)
+"""
+
+
+def _bank_set(seed: int) -> BankSet:
+    """~33 MB of keys and values ([4, 4, 4096, 64] float32 each), so a save takes long enough
+    for a kill to land inside it."""
+    g = torch.Generator().manual_seed(seed)
+    keys, values = (torch.randn(4, 4, 4096, 64, generator=g) for _ in range(2))
+    return BankSet([MemoryBank.from_tensors(keys, values, name="big", layers=(0, 1, 2, 3))])
+
+
+def _partial_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".partial"))
+
+
+@pytest.mark.slow
+def test_a_killed_save_leaves_the_old_bank_set_or_the_new_one(tmp_path):
+    expected = {_bank_set(seed).banks[0].content_hash() for seed in (1, 2)}
+    rng = random.Random(0)
+    outcomes = []
+    for _ in range(4):
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert writer.stdout.readline().strip().isdigit()  # one complete save on disk
+            deadline = time.monotonic() + 60
+            while not _partial_files(tmp_path):  # the next save is writing a file now
+                assert time.monotonic() < deadline, "the writer never started another save"
+                time.sleep(0.0005)
+            time.sleep(rng.uniform(0.0, 0.02))
+        finally:
+            writer.send_signal(signal.SIGKILL)
+            writer.wait()
+        try:
+            loaded = BankSet.from_pretrained(tmp_path)
+        except BankSetFormatError as error:  # only in the instant between the two renames
+            assert "content hash" in str(error)
+            outcomes.append("refused")
+        else:
+            assert loaded.banks[0].content_hash() in expected
+            outcomes.append("loaded")
+    assert outcomes.count("loaded") >= 3, outcomes
+    _bank_set(3).save_pretrained(tmp_path)  # the next save clears what a killed one left
+    assert _partial_files(tmp_path) == []
+    assert BankSet.from_pretrained(tmp_path).banks[0].content_hash() == (
+        _bank_set(3).banks[0].content_hash())
+
+
+def test_a_save_that_fails_midway_changes_nothing(tmp_path, monkeypatch):
+    old = _bank_set(1)
+    old.save_pretrained(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def half_then_fail(tensors, path, metadata=None):
+        Path(path).write_bytes(b"\x00" * 1000)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic_files, "save_file", half_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        _bank_set(2).save_pretrained(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert BankSet.from_pretrained(tmp_path).banks[0].content_hash() == (
+        old.banks[0].content_hash())
+
+
+def test_atomic_text_and_json_writes_replace_whole_files(tmp_path):
+    path = tmp_path / "deep" / "record.json"
+    atomic_files.write_json(path, {"b": 1, "a": [1, 2]})
+    assert path.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
+    atomic_files.write_text(path, "short")
+    assert path.read_text() == "short" and _partial_files(path.parent) == []
