@@ -46,38 +46,8 @@ def _report(args: argparse.Namespace) -> None:
         print(path)
 
 
-def _convert(args: argparse.Namespace) -> None:
-    from modeling.arith.convert_arith import CheckpointConversionError, load_transformer_lens
-
-    try:
-        model = load_transformer_lens(args.checkpoint, num_variables=args.num_variables)
-    except CheckpointConversionError as error:
-        raise CLIError(str(error)) from error
-    try:
-        model.save_pretrained(args.out)
-    except OSError as error:
-        raise CLIError(f"cannot write {args.out}: {error}") from error
-    config = model.config
-    print(f"# {args.checkpoint} -> {args.out}: ArithTransformer, {config.num_hidden_layers} "
-          f"layers, d {config.hidden_size}, {config.num_attention_heads} head(s), MLP after "
-          f"layers {config.mlp_layers}, N {config.modulus}, {config.num_variables} variables")
-
-
 def add_arith_parsers(commands: argparse._SubParsersAction) -> None:
-    """Register ``arith-train``, ``arith-report`` and ``convert`` on the ``hf-memory`` parser."""
-    convert = commands.add_parser(
-        "convert", help="convert a paper's published checkpoint into a save_pretrained folder",
-        description="arith: a TransformerLens state dict of Assign and Add (a .pth read with "
-                    "torch.load(weights_only=True)) becomes an ArithTransformer folder that "
-                    "from_pretrained and AutoModel (trust_remote_code) load, with identical "
-                    "logits; non-zero biases or LayerNorm weights are refused.")
-    convert.add_argument("family", choices=("arith",), help="which paper's checkpoint")
-    convert.add_argument("checkpoint", metavar="CHECKPOINT", help="the authors' .pth file")
-    convert.add_argument("out", metavar="OUT_DIR", help="where to write the model folder")
-    convert.add_argument("--num-variables", type=positive_int, default=12, metavar="V",
-                         help="variable tokens in the vocabulary (default 12; N = vocab − 3 − V)")
-    convert.set_defaults(handler=_convert)
-
+    """Register ``arith-train`` and ``arith-report`` on the ``hf-memory`` parser."""
     train = commands.add_parser(
         "arith-train", help="train the ArithTransformer (variable binding + modular addition)",
         description="Train the paper's 2-layer, 1-head ArithTransformer from scratch, evaluating "

@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .air_cli import add_air_parsers
     from .analysis.cli import add_analyze_ffn_parser
     from .arith_cli import add_arith_parsers
+    from .convert_cli import add_convert_parser
 
     parser = argparse.ArgumentParser(
         prog="hf-memory",
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_ffn_parser(commands)
     add_air_parsers(commands)
     add_arith_parsers(commands)
+    add_convert_parser(commands)
     add_eval_parsers(commands)
     return parser
 

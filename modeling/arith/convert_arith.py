@@ -6,12 +6,12 @@ separately: ``W_Q/W_K/W_V [H, D, d_head]`` (``q = x W_Q[h]``), ``W_O [H, d_head,
 ``W_in [D, d_mlp]``, ``W_out [d_mlp, D]``, ``W_U [D, vocab_out]``, with a bias beside each. Our
 linear maps hold the same numbers transposed and with the heads stacked, and have no biases,
 so a checkpoint converts exactly when its biases are zero; an all-zero MLP (the paper's layer 0)
-is dropped, which changes nothing. Only ``torch.load(weights_only=True)`` reads the file.
+is dropped, which changes nothing. Read the file with ``torch.load(path, weights_only=True)``
+(``hf-memory convert arith`` does), so nothing but tensors is unpickled.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 
@@ -20,7 +20,7 @@ import torch
 from .configuration_arith import ArithConfig
 from .modeling_arith import ArithTransformer
 
-__all__ = ["CheckpointConversionError", "from_transformer_lens", "load_transformer_lens"]
+__all__ = ["CheckpointConversionError", "from_transformer_lens"]
 
 _BUFFERS = re.compile(r"blocks\.\d+\.attn\.(mask|IGNORE)$")
 _BLOCK = re.compile(r"blocks\.(\d+)\.(attn\.(W_[QKVO]|b_[QKVO])|mlp\.(W_in|b_in|W_out|b_out))$")
@@ -29,23 +29,6 @@ _TOP = {"embed.W_E", "pos_embed.W_pos", "unembed.W_U", "unembed.b_U"}
 
 class CheckpointConversionError(ValueError):
     """The state dict is not one this model can reproduce exactly."""
-
-
-def load_transformer_lens(path: str | os.PathLike, num_variables: int = 12) -> ArithTransformer:
-    """Read a ``.pth`` state dict (tensors only: ``weights_only=True``) and convert it."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointConversionError(f"no checkpoint at {path}") from None
-    except Exception as error:  # unpickling refused, or a corrupt file
-        raise CheckpointConversionError(
-            f"{path} is not a tensors-only PyTorch state dict: {str(error).splitlines()[0]}"
-        ) from None
-    if isinstance(state, Mapping) and "model" in state and isinstance(state["model"], Mapping):
-        state = state["model"]
-    if not isinstance(state, Mapping):
-        raise CheckpointConversionError(f"{path} holds a {type(state).__name__}, not a state dict")
-    return from_transformer_lens(state, num_variables=num_variables)
 
 
 def from_transformer_lens(state: Mapping[str, torch.Tensor],
