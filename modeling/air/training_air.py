@@ -11,7 +11,6 @@ rewritten atomically at every evaluation.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from ..checkpoints import save_pretrained_atomically, write_json
 from .maze_air import valid_optimal_accuracy
 from .modeling_air import AIRSolver
 from .optim_air import EMA, AdamATan2, make_scheduler
@@ -144,12 +144,6 @@ def _score(model: AIRSolver, data: dict[str, torch.Tensor], task: str, batch_siz
     return metrics
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(data, indent=1))
-    os.replace(staging, path)
-
-
 def _write_card(directory: Path, log: dict[str, Any]) -> None:
     """The model card (``hub_cards``) as the saved model's README."""
     from hub_cards.air_card import render_air_card
@@ -260,14 +254,14 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
                 bar.write(f"step {step}: loss {entry['loss']:.4f} eval exact "
                           f"{entry['eval']['exact_accuracy']:.4f}")
             if out_dir is not None:
-                _write_json(out_dir / "log.json", log)
+                write_json(out_dir / "log.json", log)
     if bar is not None:
         bar.close()
     log["final"] = log["history"][-1]
     if out_dir is not None:
         if ema is not None:
             ema.copy_to(solver)
-        solver.save_pretrained(out_dir / "final")
-        _write_card(out_dir / "final", log)
-        _write_json(out_dir / "log.json", log)
+        save_pretrained_atomically(solver, out_dir / "final",
+                                   add_files=lambda folder: _write_card(folder, log))
+        write_json(out_dir / "log.json", log)
     return log

@@ -8,7 +8,6 @@ plotted while it trains or after it was stopped.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoints import save_pretrained_atomically, write_json
 from .configuration_arith import ArithConfig
 from .data_arith import CURATED_POOLS, POOLS, ArithTask, sample_batch, sample_pool
 from .modeling_arith import ArithTransformer
@@ -120,12 +120,6 @@ def _evaluation_copy(model: ArithTransformer) -> ArithTransformer:
     return copy.deepcopy(model).to("cpu")
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def train_arith(
     config: ArithConfig | None = None,
     task: ArithTask | None = None,
@@ -155,7 +149,7 @@ def train_arith(
     out_dir = Path(out) if out is not None else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(out_dir / "task.json", task.to_dict())
+        write_json(out_dir / "task.json", task.to_dict())
 
     torch.manual_seed(train.seed)
     device = torch.device(train.device)
@@ -192,7 +186,7 @@ def train_arith(
         del evaluated
         log["history"].append(entry)
         if out_dir is not None:
-            _write_json(out_dir / "log.json", log)
+            write_json(out_dir / "log.json", log)
 
     record(0)
     bar = tqdm(total=train.steps, desc="arith", disable=not train.progress) if tqdm else None
@@ -216,7 +210,7 @@ def train_arith(
                 bar.set_postfix(loss=f"{log['history'][-1]['loss']:.3f}",
                                 min_acc=f"{min(acc.values()):.3f}")
         if out_dir is not None and train.checkpoint_every and step % train.checkpoint_every == 0:
-            model.save_pretrained(out_dir / f"checkpoint-{step}")
+            save_pretrained_atomically(model, out_dir / f"checkpoint-{step}")
     if bar is not None:
         bar.close()
     final_pools = make_pools(task, train.final_pool_size, seed=30_000 + train.seed,
@@ -225,7 +219,7 @@ def train_arith(
                     "pool_size": train.final_pool_size,
                     "wall_time_s": time.perf_counter() - start}
     if out_dir is not None:
-        model.save_pretrained(out_dir / "final")
-        _write_json(out_dir / "log.json", log)
+        save_pretrained_atomically(model, out_dir / "final")
+        write_json(out_dir / "log.json", log)
     model.eval()
     return model, log
