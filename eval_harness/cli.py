@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hf_memory.cli_types import finite, non_negative, non_negative_int, positive_int
+
 from .names import DIRECTIONS, FACTORS, METHODS, TASKS
 
 __all__ = ["add_eval_parsers"]
@@ -53,7 +55,7 @@ def _load_model(name: str):
     try:
         model = AutoModelForCausalLM.from_pretrained(name).eval()
         tokenizer = AutoTokenizer.from_pretrained(name)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # no such folder / a folder of something else
         raise ValueError(f"cannot load model {name!r}: {str(error).splitlines()[0]}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -129,14 +131,14 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--directions", type=_csv(DIRECTIONS), default=list(DIRECTIONS),
                      help="trait-steering: comma-separated directions, e.g. N+,N- (default: "
                           "all ten)")
-    run.add_argument("--bootstrap", type=int, default=1000,
+    run.add_argument("--bootstrap", type=positive_int, default=1000,
                      help="trait-steering: bootstrap resamples for the 95%% intervals")
     run.add_argument("--model", default="default",
                      help="'default' (the embedded SmolLM2-135M-Instruct) or a local path")
     run.add_argument("--limit", type=_limit,
                      help="items per factor (bigfive, trait-steering) or prompts (bigfive-gen), "
                           "1-10")
-    run.add_argument("--top-layers", type=int, default=5, help="selector layer budget m")
+    run.add_argument("--top-layers", type=positive_int, default=5, help="selector layer budget m")
     run.add_argument("--memory-layers", type=_layer_spec, metavar="SPEC",
                      help="steer these layers (all heads) instead of calibrating a selector")
     run.add_argument("--selectors", metavar="DIR",
@@ -149,9 +151,9 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--calibration-pairs", type=_pairs_count, default=24, metavar="N",
                      help="trait-steering / layer-ablation: calibration pairs per direction for "
                           "the selector and the CAA scale, 1-24 (default: all 24)")
-    run.add_argument("--gain", type=float, default=2.0, help="bank gain lambda")
-    run.add_argument("--caa-layer", type=int, default=10)
-    run.add_argument("--caa-scale", type=float, default=2.0)
+    run.add_argument("--gain", type=non_negative, default=2.0, help="bank gain lambda")
+    run.add_argument("--caa-layer", type=non_negative_int, default=10)
+    run.add_argument("--caa-scale", type=finite, default=2.0)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", metavar="DIR", help="output directory (default: results/<task>)")
     run.set_defaults(handler=_eval)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .cli import CLIError
-from .cli_types import non_negative, positive_int, unit_interval
+from .cli_types import non_negative, non_negative_int, positive_float, positive_int, unit_interval
 
 __all__ = ["add_air_parsers"]
 
@@ -94,7 +94,7 @@ def add_air_parsers(commands: argparse._SubParsersAction) -> None:
                        help="board side: Sudoku 4, 6 or 9; maze side, e.g. 10 or 30 (default 4)")
     train.add_argument("--train-puzzles", type=positive_int, default=3000, metavar="N")
     train.add_argument("--test-puzzles", type=positive_int, default=500, metavar="N")
-    train.add_argument("--augment", type=int, default=0, metavar="K",
+    train.add_argument("--augment", type=non_negative_int, default=0, metavar="K",
                        help="augmented copies per training puzzle (default 0)")
     train.add_argument("--data-seed", type=int, default=0, metavar="S")
     train.add_argument("--hidden-size", type=positive_int, default=128, metavar="D")
@@ -113,14 +113,14 @@ def add_air_parsers(commands: argparse._SubParsersAction) -> None:
                        help="cross-entropy: stablemax (the paper's, default) or softmax")
     train.add_argument("--steps", type=positive_int, default=2000, metavar="N")
     train.add_argument("--batch-size", type=positive_int, default=64, metavar="N")
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--warmup-steps", type=int, default=100, metavar="N")
+    train.add_argument("--lr", type=positive_float, default=1e-3)
+    train.add_argument("--warmup-steps", type=non_negative_int, default=100, metavar="N")
     train.add_argument("--weight-decay", type=non_negative, default=0.1)
-    train.add_argument("--lr-min-ratio", type=float, default=0.1, metavar="R",
+    train.add_argument("--lr-min-ratio", type=non_negative, default=0.1, metavar="R",
                        help="cosine-decay the lr to R x lr after warmup (default 0.1; 1: constant)")
     train.add_argument("--ema-decay", type=unit_interval, default=0.995, metavar="D",
                        help="evaluate and save the parameter EMA (default 0.995; 0: off)")
-    train.add_argument("--eval-every", type=int, default=250, metavar="N")
+    train.add_argument("--eval-every", type=positive_int, default=250, metavar="N")
     train.add_argument("--eval-batch-size", type=positive_int, default=512, metavar="N")
     train.add_argument("--seed", type=int, default=0, metavar="S")
     train.add_argument("--threads", type=positive_int, default=None, metavar="N",

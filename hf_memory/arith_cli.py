@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 
 from .cli import CLIError
-from .cli_types import non_negative, positive_int, unit_interval
+from .cli_types import (
+    device,
+    non_negative,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    unit_interval,
+)
 
 __all__ = ["add_arith_parsers"]
 
@@ -56,13 +63,13 @@ def add_arith_parsers(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, metavar="DIR", help="output directory")
     train.add_argument("--steps", type=positive_int, default=30_000, metavar="N")
     train.add_argument("--batch-size", type=positive_int, default=512, metavar="N")
-    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--lr", type=positive_float, default=1e-3)
     train.add_argument("--eval-every", type=positive_int, default=500, metavar="N",
                        help="evaluate pools and progress measures every N steps (default 500)")
     train.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                        help="sequences per evaluation pool during training (default 1024)")
     train.add_argument("--final-pool-size", type=positive_int, default=8192, metavar="N")
-    train.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+    train.add_argument("--checkpoint-every", type=non_negative_int, default=0, metavar="N",
                        help="save a checkpoint every N steps (default 0: final only)")
     train.add_argument("--held-out-fraction", type=unit_interval, default=0.3, metavar="F",
                        help="share of addition pairs never trained on (default 0.3; the "
@@ -87,7 +94,7 @@ def add_arith_parsers(commands: argparse._SubParsersAction) -> None:
                        help="torch threads (use 1 on a shared machine)")
     train.add_argument("--bf16", action="store_true",
                        help="bf16 autocast for the forward pass (slower on CPUs without bf16)")
-    train.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    train.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
     train.set_defaults(handler=_train)
 
     report = commands.add_parser(

@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 
-__all__ = ["non_negative", "positive_int", "unit_interval"]
+__all__ = ["device", "finite", "non_negative", "non_negative_int", "positive_float", "positive_int",
+           "unit_interval"]
+
+
+def device(text: str) -> str:
+    """A torch device string such as ``cpu``, ``cuda`` or ``cuda:1``."""
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device") from None
+    return text
 
 
 def positive_int(text: str) -> int:
@@ -12,6 +25,14 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -23,9 +44,25 @@ def unit_interval(text: str) -> float:
     return value
 
 
+def finite(text: str) -> float:
+    """Any finite float."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+    return value
+
+
 def non_negative(text: str) -> float:
     """A finite float >= 0."""
     value = float(text)
     if not 0.0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite float > 0 (a learning rate)."""
+    value = float(text)
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
     return value

@@ -1,0 +1,97 @@
+"""Every ``hf-memory`` command, tried with malformed input: one clear error line, exit status 2,
+no traceback, and nothing written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_memory import BankSet, MemoryBank, cli
+
+OUT = "{tmp}/out"
+
+# (argv with {tmp} for the test's folder, a fragment the error line must contain)
+BAD_INPUTS = [
+    (["demo", "--max-new-tokens", "0"], "must be >= 1"),
+    (["demo", "--gain", "nan"], "must be finite and >= 0"),
+    (["demo", "--layers", "3-1"], "layers"),
+    (["demo", "--prompt", "   "], "empty"),
+    (["demo", "--selector", "{tmp}/missing"], "lacks selector.json"),
+    (["demo", "--selector", "{tmp}/banks"], "lacks selector.json"),
+    (["build-selector", "--direction", "X+"], "Big Five trait letter"),
+    (["build-selector", "--top-layers", "0"], "must be >= 1"),
+    (["analyze-ffn", "--sentences", "-5", "--out", OUT], "must be >= 1"),
+    (["analyze-ffn", "--active-threshold", "1.5", "--out", OUT], "must be in [0, 1)"),
+    (["analyze-ffn", "--layers", "-1", "--out", OUT], "must be >= 0"),
+    (["analyze-ffn", "--layers", "99", "--sentences", "4", "--out", OUT], "99"),
+    (["air-train", "--out", OUT, "--lr", "nan"], "must be finite and > 0"),
+    (["air-train", "--out", OUT, "--warmup-steps", "-1"], "must be >= 0"),
+    (["air-train", "--out", OUT, "--eval-every", "0"], "must be >= 1"),
+    (["air-train", "--out", OUT, "--ema-decay", "1"], "must be in [0, 1)"),
+    (["air-train", "--out", OUT, "--injection", "bogus"], "injection"),
+    (["air-train", "--out", OUT, "--size", "5"], "5"),
+    (["air-train", "--out", OUT, "--heads", "3"], "heads"),
+    (["air-report", "{tmp}/missing", "--out", OUT], "cannot draw the report"),
+    (["arith-train", "--out", OUT, "--lr", "-1"], "must be finite and > 0"),
+    (["arith-train", "--out", OUT, "--held-out-fraction", "1.5"], "must be in [0, 1)"),
+    (["arith-train", "--out", OUT, "--checkpoint-every", "-2"], "must be >= 0"),
+    (["arith-train", "--out", OUT, "--device", "bogus"], "not a torch device"),
+    (["arith-report", "{tmp}/missing.json", "--out", OUT], "cannot draw the report"),
+    (["arith-report", "{tmp}/corrupt.json", "--out", OUT], "cannot draw the report"),
+    (["convert", "arith", "{tmp}/missing.pt", OUT], "no checkpoint at"),
+    (["convert", "arith", "{tmp}/corrupt.json", OUT], "not a tensors-only PyTorch state dict"),
+    (["convert", "arith", "{tmp}/tensor.pt", OUT], "not a state dict"),
+    (["convert", "air", "{tmp}/tensor.pt", OUT], "needs --config"),
+    (["convert", "air", "{tmp}/tensor.pt", OUT, "--config", "{tmp}/missing.yaml"],
+     "cannot read the config"),
+    (["eval", "bigfive", "--limit", "0", "--out", OUT], "between 1 and 10"),
+    (["eval", "bigfive", "--gain", "inf", "--out", OUT], "must be finite and >= 0"),
+    (["eval", "bigfive", "--caa-scale", "nan", "--out", OUT], "must be finite"),
+    (["eval", "bigfive", "--traits", "X", "--out", OUT], "choose from"),
+    (["eval", "trait-steering", "--calibration-pairs", "99", "--out", OUT], "between 1 and 24"),
+    (["eval", "trait-steering", "--bootstrap", "0", "--out", OUT], "must be >= 1"),
+    (["eval", "trait-steering", "--top-layers", "0", "--out", OUT], "must be >= 1"),
+    (["eval", "kv-footprint", "--model", "{tmp}/missing", "--out", OUT], "cannot load model"),
+    (["eval", "kv-footprint", "--model", "{tmp}/banks", "--out", OUT], "cannot load model"),
+    (["eval", "bigfive", "--caa-layer", "99", "--limit", "1", "--out", OUT], "99"),
+    (["report", "{tmp}/missing.json"], "cannot read results"),
+    (["report", "{tmp}/corrupt.json"], "cannot read results"),
+    (["report", "{tmp}/other.json"], "unknown task"),
+]
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """Malformed files beside the test's output folder (which must never be created)."""
+    (tmp_path / "corrupt.json").write_text('{"task": "bigfive", "payl')
+    (tmp_path / "other.json").write_text('{"a list": [1, 2, 3]}')
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    bank = MemoryBank.from_tensors(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), name="b",
+                                   layers=(0,))
+    BankSet([bank]).save_pretrained(tmp_path / "banks")
+    return tmp_path
+
+
+def _ids(case):
+    return "-".join(a for a in case[0][:3] if not a.startswith("{")).replace("--", "")
+
+
+@pytest.mark.parametrize("argv, message", BAD_INPUTS, ids=[_ids(c) for c in BAD_INPUTS])
+def test_bad_input_is_one_line_and_writes_nothing(argv, message, inputs, capsys):
+    before = sorted(p.relative_to(inputs) for p in inputs.rglob("*"))
+    argv = [a.replace("{tmp}", str(inputs)) for a in argv]
+    try:
+        status = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        status = exit_.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]  # argparse prints its usage before the error line
+    assert "error:" in last and message in last, err
+    assert sorted(p.relative_to(inputs) for p in inputs.rglob("*")) == before
+
+
+def test_the_sweep_covers_every_command():
+    commands = cli.build_parser()._subparsers._group_actions[0].choices
+    assert set(commands) == {argv[0] for argv, _ in BAD_INPUTS}
