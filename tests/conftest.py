@@ -48,6 +48,9 @@ def _guarded_connect_ex(self: socket.socket, address, *args, **kwargs):
 
 def pytest_configure(config: pytest.Config) -> None:
     socket.socket.connect = _guarded_connect
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # xdist: share the cores instead of oversubscribing them
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
     socket.socket.connect_ex = _guarded_connect_ex
 
 

@@ -140,7 +140,7 @@ def test_air_train_and_air_report_from_the_command_line(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--size", "5"], "size must be one of"),
     (["--injection", "LH"], "injection"),
-    (["--lr", "-1"], "lr"),
+    (["--heads", "3"], "heads"),
 ])
 def test_air_train_rejects_bad_options_in_one_line(tmp_path, capsys, argv, message):
     from hf_memory import cli

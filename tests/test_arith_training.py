@@ -123,7 +123,6 @@ def test_cli_train_and_report(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["arith-train", "--out", "x", "--lr", "0"], "TrainConfig.lr must be > 0"),
     (["arith-report", "no/such/log.json", "--out", "x"], "cannot draw the report"),
 ])
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
@@ -138,6 +137,10 @@ def test_cli_rejects_bad_fractions(capsys):
         cli.main(["arith-train", "--out", "x", "--held-out-fraction", "1.5"])
     assert exit_info.value.code == 2
     assert "--held-out-fraction: must be in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["arith-train", "--out", "x", "--lr", "0"])
+    assert exit_info.value.code == 2
+    assert "--lr: must be finite and > 0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["arith-train", "--out", "x", "--held-out-split", "mine"])
     assert exit_info.value.code == 2

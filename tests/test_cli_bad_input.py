@@ -22,7 +22,7 @@ BAD_INPUTS = [
     (["build-selector", "--top-layers", "0"], "must be >= 1"),
     (["analyze-ffn", "--sentences", "-5", "--out", OUT], "must be >= 1"),
     (["analyze-ffn", "--active-threshold", "1.5", "--out", OUT], "must be in [0, 1)"),
-    (["analyze-ffn", "--layers", "-1", "--out", OUT], "must be >= 0"),
+    (["analyze-ffn", "--layers", "-31", "--sentences", "4", "--out", OUT], "-31"),
     (["analyze-ffn", "--layers", "99", "--sentences", "4", "--out", OUT], "99"),
     (["air-train", "--out", OUT, "--lr", "nan"], "must be finite and > 0"),
     (["air-train", "--out", OUT, "--warmup-steps", "-1"], "must be >= 0"),

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from ..cli_types import non_negative_int, positive_int, unit_interval
+from ..cli_types import positive_int, unit_interval
 
 __all__ = ["add_analyze_ffn_parser"]
 
@@ -68,7 +68,7 @@ def add_analyze_ffn_parser(commands: argparse._SubParsersAction) -> None:
         "paper's figures 2 (proxy), 4, 5, 7, 8, 9, 11 as PNGs.")
     parser.add_argument("--sentences", type=positive_int, default=3000, metavar="N",
                         help="corpus size in sentences (default: 3000)")
-    parser.add_argument("--layers", type=non_negative_int, nargs="+", metavar="L",
+    parser.add_argument("--layers", type=int, nargs="+", metavar="L",
                         help="0-based layer indices, negative from the end (default: all)")
     parser.add_argument("--top-k", type=positive_int, default=25, metavar="K",
                         help="trigger prefixes kept per memory (default: 25, as the paper)")
