@@ -92,6 +92,7 @@ def _direction(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from eval_harness.cli import add_eval_parsers
+    from hub_cards.cli import add_publish_parsers
 
     from . import __version__
     from .air_cli import add_air_parsers
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arith_parsers(commands)
     add_convert_parser(commands)
     add_eval_parsers(commands)
+    add_publish_parsers(commands)
     return parser
 
 
@@ -153,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)
-    except (CLIError, ValueError) as error:
+    except (CLIError, ValueError, OSError) as error:
         print(f"hf-memory {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

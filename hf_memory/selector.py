@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -406,10 +407,20 @@ class Selector:
         return directory
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike, *,
-                        model: nn.Module | None = None) -> Selector:
-        """Load a saved selector; with ``model``, check it was calibrated on that model."""
-        directory = Path(directory)
+    def from_pretrained(cls, path_or_repo: str | os.PathLike, *,
+                        model: nn.Module | None = None, revision: str | None = None,
+                        token: str | None = None,
+                        cache_dir: str | os.PathLike | None = None) -> Selector:
+        """Load a saved selector (a local directory, or a Hub repo id at ``revision`` through
+        the Hub cache); with ``model``, check it was calibrated on that model."""
+        directory = Path(path_or_repo)
+        if not directory.is_dir() and not directory.is_absolute() and (
+                str(path_or_repo).count("/") == 1):
+            from huggingface_hub import snapshot_download
+
+            directory = Path(snapshot_download(
+                str(path_or_repo), revision=revision, token=token, cache_dir=cache_dir,
+                allow_patterns=[CONFIG_NAME, DIAGNOSTICS_NAME, "README.md"]))
         try:
             record = json.loads((directory / CONFIG_NAME).read_text())
             diagnostics = load_file(directory / DIAGNOSTICS_NAME)
@@ -438,6 +449,20 @@ class Selector:
         if model is not None:
             selector.check_model(model)
         return selector
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None,
+                    token: str | None = None,
+                    commit_message: str = "Upload memory-inception selector") -> str:
+        """Create (if needed) a Hub model repo and upload the saved selector to it."""
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.save_pretrained(tmp)
+            info = api.upload_folder(repo_id=repo_id, folder_path=tmp,
+                                     commit_message=commit_message)
+        return str(getattr(info, "commit_url", info))
 
 
 def _tokens_before(tokenizer, text: str, prompt: str) -> int:

@@ -1,4 +1,5 @@
-"""Test-suite setup: offline Hub, Triton interpreter on CPU, seeds, markers, no network."""
+"""Test-suite setup: offline Hub, Triton interpreter on CPU, seeds, markers, no network (but
+loopback, where the test Hub server listens)."""
 
 from __future__ import annotations
 
@@ -30,18 +31,22 @@ _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
 
 
-def _is_local_ipc(sock: socket.socket) -> bool:
-    return getattr(socket, "AF_UNIX", None) is not None and sock.family == socket.AF_UNIX
+def _is_local_ipc(sock: socket.socket, address) -> bool:
+    """A Unix socket, or TCP to this machine's loopback (the test Hub server)."""
+    if getattr(socket, "AF_UNIX", None) is not None and sock.family == socket.AF_UNIX:
+        return True
+    host = address[0] if isinstance(address, tuple) else ""
+    return host in ("localhost", "::1") or str(host).startswith("127.")
 
 
 def _guarded_connect(self: socket.socket, address, *args, **kwargs):
-    if _is_local_ipc(self):
+    if _is_local_ipc(self, address):
         return _real_connect(self, address, *args, **kwargs)
     raise NetworkAccessError(f"tests must not use the network (tried to connect to {address!r})")
 
 
 def _guarded_connect_ex(self: socket.socket, address, *args, **kwargs):
-    if _is_local_ipc(self):
+    if _is_local_ipc(self, address):
         return _real_connect_ex(self, address, *args, **kwargs)
     raise NetworkAccessError(f"tests must not use the network (tried to connect to {address!r})")
 
