@@ -69,6 +69,8 @@ def export_folder(obj: Any, out_dir: str | os.PathLike, *, card: str | None = No
 def load_artifact(folder: str | os.PathLike) -> Any:
     """Load what a saved folder holds: a model of ours, a bank set or a selector."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ExportError(f"{folder} is not a folder (give a save_pretrained folder)")
     if (folder / "selector.json").is_file():
         from hf_memory import Selector
 

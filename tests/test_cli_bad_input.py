@@ -54,6 +54,12 @@ BAD_INPUTS = [
     (["eval", "kv-footprint", "--model", "{tmp}/missing", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/banks", "--out", OUT], "cannot load model"),
     (["eval", "bigfive", "--caa-layer", "99", "--limit", "1", "--out", OUT], "99"),
+    (["export", "{tmp}/missing", OUT], "is not a folder"),
+    (["export", "{tmp}/corrupt.json", OUT], "is not a folder"),
+    (["export", "{tmp}", OUT], "holds no config.json"),
+    (["export", "{tmp}/llama", OUT], "model_type 'llama'"),
+    (["push", "{tmp}/banks", "no-slash", "--git-root", OUT], "org/name"),
+    (["push", "{tmp}/missing", "org/x", "--git-root", OUT], "not a folder with files"),
     (["report", "{tmp}/missing.json"], "cannot read results"),
     (["report", "{tmp}/corrupt.json"], "cannot read results"),
     (["report", "{tmp}/other.json"], "unknown task"),
@@ -69,6 +75,8 @@ def inputs(tmp_path):
     bank = MemoryBank.from_tensors(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), name="b",
                                    layers=(0,))
     BankSet([bank]).save_pretrained(tmp_path / "banks")
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
     return tmp_path
 
 

@@ -211,5 +211,5 @@ def test_export_command_round_trip(tmp_path, capsys):
                      str(tmp_path / "git"), "--tag", "v1"]) == 0
     assert "tag v1" in capsys.readouterr().out
     assert cli.main(["export", str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
-    assert "holds no config.json" in capsys.readouterr().err
+    assert "is not a folder" in capsys.readouterr().err
     assert not Path(tmp_path / "x").exists()
