@@ -91,6 +91,7 @@ def load_artifact(folder: str | os.PathLike) -> Any:
     if not any((folder / name).is_file() for name in ("model.safetensors",
                                                       "model.safetensors.index.json")):
         raise ExportError(f"{folder} holds no model.safetensors weights")
+    from safetensors import SafetensorError
     from transformers import AutoModel, AutoModelForCausalLM
 
     import modeling  # noqa: F401  (registers the families with the Auto classes)
@@ -98,7 +99,7 @@ def load_artifact(folder: str | os.PathLike) -> Any:
     auto = AutoModelForCausalLM if config["model_type"] == "asm" else AutoModel
     try:
         return auto.from_pretrained(folder)
-    except (OSError, ValueError, RuntimeError) as error:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:  # a tampered file
         raise ExportError(f"cannot load {folder}: {str(error).splitlines()[0]}") from None
 
 

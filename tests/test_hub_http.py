@@ -187,6 +187,10 @@ def test_export_and_push_refuse_what_they_cannot_publish(tmp_path):
     with pytest.raises(ExportError, match="holds no config.json"):
         load_artifact(tmp_path / "empty")
     folder = export_folder(_arith(), tmp_path / "arith")
+    weights = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # tampered
+    with pytest.raises(ExportError, match="cannot load .*incomplete metadata"):
+        load_artifact(folder)
     (folder / "model.safetensors").unlink()
     with pytest.raises(ExportError, match="holds no model.safetensors"):
         load_artifact(folder)
