@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_memory import cli
+import hf_memory_cli as cli
 from modeling.air import AIRSolver
 from modeling.air.convert_air import AuthorsCheckpointError, from_authors_state_dict
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModel
 
+from hub_cards.air_card import render_air_card
 from modeling.air import AIRConfig, AIRSolver, maze_dataset_dict, sudoku_dataset
 from modeling.air.maze_air import MAZE_VOCAB_SIZE, valid_optimal_accuracy
 from modeling.air.training_air import AIRTrainConfig, evaluate_air, train_air
@@ -120,7 +121,7 @@ def test_a_diverging_run_stops_with_a_clear_error(sudoku4):
 
 
 def test_air_train_and_air_report_from_the_command_line(tmp_path, capsys):
-    from hf_memory import cli
+    import hf_memory_cli as cli
 
     out = tmp_path / "run"
     argv = ["air-train", "--out", str(out), "--size", "4", "--train-puzzles", "32",
@@ -143,7 +144,7 @@ def test_air_train_and_air_report_from_the_command_line(tmp_path, capsys):
     (["--heads", "3"], "heads"),
 ])
 def test_air_train_rejects_bad_options_in_one_line(tmp_path, capsys, argv, message):
-    from hf_memory import cli
+    import hf_memory_cli as cli
 
     base = ["air-train", "--out", str(tmp_path / "run"), "--train-puzzles", "4",
             "--test-puzzles", "4", "--steps", "1"]
@@ -156,7 +157,8 @@ def test_the_final_model_carries_a_card_with_its_measured_results(sudoku4, tmp_p
     from huggingface_hub import ModelCard
 
     train, test = sudoku4
-    log = train_air(tiny_solver(), train, test, quick(), out=tmp_path / "air4")
+    log = train_air(tiny_solver(), train, test, quick(), out=tmp_path / "air4",
+                    card=render_air_card)
     card = ModelCard.load(tmp_path / "air4" / "final" / "README.md")
     results = card.data.eval_results
     assert card.data.library_name == "transformers" and "air" in card.data.tags

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hf_memory import cli
+import hf_memory_cli as cli
 from modeling.arith import ArithTransformer
 from modeling.arith.convert_arith import CheckpointConversionError, from_transformer_lens
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+import hf_memory_cli as cli
 from eval_harness.arith_plots import load_log, plot_sweeps, training_phases, write_report
-from hf_memory import cli
 from modeling.arith import (
     ArithConfig,
     ArithTask,

@@ -9,19 +9,19 @@ import sys
 
 import pytest
 
-from hf_memory import cli
+import hf_memory_cli as cli
 from hf_memory import default_model as dm
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hf_memory.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hf_memory_cli.main", *args], capture_output=True,
                           text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def test_console_script_is_installed():
     scripts = importlib.metadata.entry_points(group="console_scripts")
     (entry,) = [e for e in scripts if e.name == "hf-memory"]
-    assert entry.value == "hf_memory.cli:main"
+    assert entry.value == "hf_memory_cli.main:main"
 
 
 def test_help_lists_the_subcommands():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_memory import BankSet, MemoryBank, cli
+import hf_memory_cli as cli
+from hf_memory import BankSet, MemoryBank
 
 OUT = "{tmp}/out"
 

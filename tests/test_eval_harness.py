@@ -9,12 +9,12 @@ import json
 import jsonschema
 import pytest
 
+import hf_memory_cli as cli
 from eval_harness.bigfive import CALIBRATION_PROMPTS, TRAITS, item_prompt, load_items, summarize
 from eval_harness.metrics import METRICS_DIR, load_metric
 from eval_harness.names import FACTORS
 from eval_harness.report import render_report
 from eval_harness.runner import environment, validate_results
-from hf_memory import cli
 from hf_memory.selector import Selector
 
 

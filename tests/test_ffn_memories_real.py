@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_memory import cli
+import hf_memory_cli as cli
 from hf_memory.analysis import corpus as corpus_module
 from hf_memory.analysis.capture import ffn_streams
 from hf_memory.analysis.corpus import kjv_sentences, tokenize_corpus

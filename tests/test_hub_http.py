@@ -202,7 +202,7 @@ def test_export_and_push_refuse_what_they_cannot_publish(tmp_path):
 
 
 def test_export_command_round_trip(tmp_path, capsys):
-    from hf_memory import cli
+    import hf_memory_cli as cli
 
     model = _arith().eval()
     model.save_pretrained(tmp_path / "trained")

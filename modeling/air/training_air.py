@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -144,13 +145,6 @@ def _score(model: AIRSolver, data: dict[str, torch.Tensor], task: str, batch_siz
     return metrics
 
 
-def _write_card(directory: Path, log: dict[str, Any]) -> None:
-    """The model card (``hub_cards``) as the saved model's README."""
-    from hub_cards.air_card import render_air_card
-
-    (directory / "README.md").write_text(render_air_card(log, directory.parent.name))
-
-
 def _batches(count: int, batch_size: int, generator: torch.Generator):
     """Endless shuffled epochs of index batches (the last partial batch of an epoch is dropped
     unless the whole set is smaller than a batch, which is then drawn with replacement)."""
@@ -164,14 +158,15 @@ def _batches(count: int, batch_size: int, generator: torch.Generator):
 
 
 def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
-              config: AIRTrainConfig | None = None, out: str | os.PathLike | None = None
-              ) -> dict[str, Any]:
+              config: AIRTrainConfig | None = None, out: str | os.PathLike | None = None,
+              card: Callable[[dict[str, Any], str], str] | None = None) -> dict[str, Any]:
     """Train ``model`` in place on ``train_dataset``; evaluate on ``eval_dataset``.
 
     Returns the log: the configs, ``history`` (one entry per evaluation with the step, the
     training loss parts averaged since the last evaluation, the evaluation metrics and the wall
     time) and ``final``. With ``out``, writes ``out/log.json`` at every evaluation and the final
-    model as ``out/final`` (a ``save_pretrained`` directory).
+    model as ``out/final`` (a ``save_pretrained`` directory), with ``card(log, run_name)`` as its
+    README when given (``hub_cards.air_card.render_air_card`` is the model card of ``air-train``).
     """
     config = config or AIRTrainConfig()
     if config.threads is not None:
@@ -262,6 +257,7 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
         if ema is not None:
             ema.copy_to(solver)
         save_pretrained_atomically(solver, out_dir / "final",
-                                   add_files=lambda folder: _write_card(folder, log))
+                                   add_files=None if card is None else lambda folder: (
+                                       folder / "README.md").write_text(card(log, out_dir.name)))
         write_json(out_dir / "log.json", log)
     return log

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .cli import CLIError
-from .cli_types import (
+from .errors import CLIError
+from .types import (
     device,
     non_negative,
     non_negative_int,

@@ -1,14 +1,11 @@
-"""The ``hf-memory`` command line: ``hf-memory --help`` lists the subcommands."""
+"""``hf-memory demo`` and ``hf-memory build-selector``: memory inception on the embedded model."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from collections.abc import Sequence
 
-from .cli_types import non_negative, positive_int
-from .demo import (
+from hf_memory.demo import (
     DEFAULT_DIRECTION,
     DEFAULT_GAIN,
     DEFAULT_PERSONA,
@@ -16,20 +13,18 @@ from .demo import (
     parse_layers,
 )
 
-__all__ = ["build_parser", "main"]
+from .errors import CLIError
+from .types import non_negative, positive_int
 
-
-class CLIError(Exception):
-    """A user-facing failure: printed as one line, exit status 2 (as is any ValueError, the
-    library's error for bad input)."""
+__all__ = ["add_memory_parsers"]
 
 
 def _demo(args: argparse.Namespace) -> None:
     import_start = time.perf_counter()
     import transformers  # noqa: F401  (imported here so the load time below is the load alone)
 
-    from .default_model import DefaultModelUnavailableError, load_default_model
-    from .demo import format_demo, run_demo
+    from hf_memory.default_model import DefaultModelUnavailableError, load_default_model
+    from hf_memory.demo import format_demo, run_demo
 
     start = time.perf_counter()
     try:
@@ -43,7 +38,7 @@ def _demo(args: argparse.Namespace) -> None:
     print(f"# persona: {args.persona}")
     selector = None
     if args.selector:
-        from .selector import Selector
+        from hf_memory.selector import Selector
 
         selector = Selector.from_pretrained(args.selector, model=model)
     try:
@@ -57,8 +52,8 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _build_selector(args: argparse.Namespace) -> None:
-    from .default_model import load_default_model
-    from .demo import build_selector, selectors_dir
+    from hf_memory.default_model import load_default_model
+    from hf_memory.demo import build_selector, selectors_dir
 
     model, tokenizer = load_default_model()
     start = time.perf_counter()
@@ -81,7 +76,7 @@ def _layers(text: str) -> list[int]:
 
 
 def _direction(text: str) -> str:
-    from .calibration import direction_parts
+    from hf_memory.calibration import direction_parts
 
     try:
         direction_parts(text)
@@ -90,23 +85,8 @@ def _direction(text: str) -> str:
     return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from eval_harness.cli import add_eval_parsers
-    from hub_cards.cli import add_publish_parsers
-
-    from . import __version__
-    from .air_cli import add_air_parsers
-    from .analysis.cli import add_analyze_ffn_parser
-    from .arith_cli import add_arith_parsers
-    from .convert_cli import add_convert_parser
-
-    parser = argparse.ArgumentParser(
-        prog="hf-memory",
-        description="Memory-centric language-model research with Hugging Face objects.",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
-
+def add_memory_parsers(commands: argparse._SubParsersAction) -> None:
+    """Register ``demo`` and ``build-selector`` on the ``hf-memory`` parser."""
     demo = commands.add_parser(
         "demo", help="memory inception on the embedded SmolLM2-135M-Instruct: plain vs prompt "
                      "vs memory-steered answers",
@@ -142,24 +122,3 @@ def build_parser() -> argparse.ArgumentParser:
                        help="layer budget (default: 5)")
     build.add_argument("--out", metavar="DIR", help="where to save (default: package data)")
     build.set_defaults(handler=_build_selector)
-    add_analyze_ffn_parser(commands)
-    add_air_parsers(commands)
-    add_arith_parsers(commands)
-    add_convert_parser(commands)
-    add_eval_parsers(commands)
-    add_publish_parsers(commands)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        args.handler(args)
-    except (CLIError, ValueError, OSError) as error:
-        print(f"hf-memory {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

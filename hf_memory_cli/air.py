@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .cli import CLIError
-from .cli_types import non_negative, non_negative_int, positive_float, positive_int, unit_interval
+from .errors import CLIError
+from .types import non_negative, non_negative_int, positive_float, positive_int, unit_interval
 
 __all__ = ["add_air_parsers"]
 
@@ -31,6 +31,7 @@ def _datasets(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> None:
+    from hub_cards.air_card import render_air_card
     from modeling.air import AIRConfig, AIRSolver
     from modeling.air.training_air import AIRTrainConfig, train_air
 
@@ -56,7 +57,8 @@ def _train(args: argparse.Namespace) -> None:
 
     torch.manual_seed(args.seed)
     try:
-        log = train_air(AIRSolver(config), train, test, train_config, out=args.out)
+        log = train_air(AIRSolver(config), train, test, train_config, out=args.out,
+                        card=render_air_card)
     except FloatingPointError as error:
         raise CLIError(str(error)) from error
     final = log["final"]["eval"]
@@ -79,8 +81,6 @@ def _report(args: argparse.Namespace) -> None:
 
 def add_air_parsers(commands: argparse._SubParsersAction) -> None:
     """Register ``air-train`` and ``air-report`` on the ``hf-memory`` parser."""
-    from modeling.air.configuration_air import INPUT_OPERATORS, LEVEL_TOKENS
-
     train = commands.add_parser(
         "air-train", help="train an AIRSolver on offline Sudoku or Maze puzzles",
         description="Generate train/held-out puzzles (disjoint up to isomorphism), train the "
@@ -103,8 +103,11 @@ def add_air_parsers(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--H-cycles", type=positive_int, default=2, metavar="N")
     train.add_argument("--L-cycles", type=positive_int, default=2, metavar="N")
     train.add_argument("--injection", default="Lx_H", help="e.g. Lx_H (default), Lx_Hx, L2x_H2x")
-    train.add_argument("--level-token", choices=[t for t in LEVEL_TOKENS if t], default=None)
-    train.add_argument("--input-operator", choices=INPUT_OPERATORS, default="add")
+    # validated by AIRConfig, which names the accepted values (no model import for --help)
+    train.add_argument("--level-token", default=None,
+                       help="addition, prepend_strip or prepend_no_strip (default: none)")
+    train.add_argument("--input-operator", default="add",
+                       help="add (default), linear, nonlinear, sign_flip or hadamard")
     train.add_argument("--single-state", action="store_true", help="appendix-D ablation")
     train.add_argument("--two-networks", action="store_true",
                        help="HRM-style baseline: separate L and H networks")

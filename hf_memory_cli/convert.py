@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .cli import CLIError
-from .cli_types import positive_int
+from .errors import CLIError
+from .types import positive_int
 
 __all__ = ["add_convert_parser"]
 

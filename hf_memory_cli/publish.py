@@ -8,7 +8,7 @@ __all__ = ["add_publish_parsers"]
 
 
 def _export(args: argparse.Namespace) -> None:
-    from .publish import export_folder, load_artifact
+    from hub_cards.publish import export_folder, load_artifact
 
     obj = load_artifact(args.source)
     out = export_folder(obj, args.out)
@@ -17,7 +17,7 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _push(args: argparse.Namespace) -> None:
-    from .publish import push_folder
+    from hub_cards.publish import push_folder
 
     commit = push_folder(args.folder, args.repo_id, git_root=args.git_root, tag=args.tag,
                          message=args.message, private=args.private)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hf_memory.cli_types import finite, non_negative, non_negative_int, positive_int
+from eval_harness.names import DIRECTIONS, FACTORS, METHODS, TASKS
 
-from .names import DIRECTIONS, FACTORS, METHODS, TASKS
+from .types import finite, non_negative, non_negative_int, positive_int
 
 __all__ = ["add_eval_parsers"]
 
@@ -64,16 +64,20 @@ def _load_model(name: str):
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from .bigfive import BigFiveConfig, run_bigfive
-    from .bigfive_generation import run_bigfive_generation
-    from .kv_task import run_kv_footprint
-    from .report import render_report
-    from .runner import run_task
+    from eval_harness.bigfive import BigFiveConfig, run_bigfive
+    from eval_harness.bigfive_generation import run_bigfive_generation
+    from eval_harness.kv_task import run_kv_footprint
+    from eval_harness.report import render_report
+    from eval_harness.runner import run_task
 
     model, tokenizer = _load_model(args.model)
     out = Path(args.out or f"results/{args.task}")
     if args.task in ("trait-steering", "layer-ablation"):
-        from .trait_steering import TraitSteeringConfig, run_layer_ablation, run_trait_steering
+        from eval_harness.trait_steering import (
+            TraitSteeringConfig,
+            run_layer_ablation,
+            run_trait_steering,
+        )
 
         steering = TraitSteeringConfig(directions=args.directions, limit=args.limit,
                                        questionnaire_limit=args.limit,
@@ -106,7 +110,7 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from .report import render_report
+    from eval_harness.report import render_report
 
     for path in render_report(args.results, args.out):
         print(path)

@@ -7,7 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from ..cli_types import positive_int, unit_interval
+from .errors import CLIError
+from .types import positive_int, unit_interval
 
 __all__ = ["add_analyze_ffn_parser"]
 
@@ -17,11 +18,15 @@ __all__ = ["add_analyze_ffn_parser"]
 def _analyze_ffn(args: argparse.Namespace) -> None:
     import torch
 
-    from ..cli import CLIError
-    from ..default_model import DefaultModelUnavailableError, load_default_model
-    from .corpus import CORPUS_LICENSE, CORPUS_SOURCE, kjv_sentences, tokenize_corpus
-    from .plots import plot_all
-    from .report import analyze_ffn_memories
+    from hf_memory.analysis.corpus import (
+        CORPUS_LICENSE,
+        CORPUS_SOURCE,
+        kjv_sentences,
+        tokenize_corpus,
+    )
+    from hf_memory.analysis.plots import plot_all
+    from hf_memory.analysis.report import analyze_ffn_memories
+    from hf_memory.default_model import DefaultModelUnavailableError, load_default_model
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
