@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["DIRECTIONS", "FACTORS", "METHODS", "TASKS"]
+__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "TASKS"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
-TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint")
+# tasks of our own model families -> the model_type each needs
+FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith"}
+TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
+         "air-sudoku", "air-maze", "arith-splits")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")

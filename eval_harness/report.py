@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .names import FAMILY_TASKS
+
 __all__ = ["render_report"]
 
 METHOD_ORDER = ("prompt", "caa", "memory")
@@ -121,6 +123,10 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         return render_layer_ablation(record, out)
     if task == "kv-footprint":
         return _kv_report(record["results"], out, record)
+    if task in FAMILY_TASKS:
+        from .family_report import render_family_report
+
+        return render_family_report(record, out)
     if task not in ("bigfive", "bigfive-gen"):
         raise ValueError(f"{path} holds results of an unknown task {task!r}")
     results = record["results"]

@@ -50,8 +50,11 @@ def validate_results(results: dict[str, Any]) -> None:
 
 
 def run_task(task: str, body: Callable[[], dict[str, Any]], *, model, config: dict[str, Any],
-             seed: int, out: str | Path) -> Path:
-    """Time ``body()``, wrap its results with provenance, validate, write ``out/results.json``."""
+             seed: int, out: str | Path, fingerprint: dict[str, Any] | None = None) -> Path:
+    """Time ``body()``, wrap its results with provenance, validate, write ``out/results.json``.
+
+    ``fingerprint`` identifies the model (default: memory inception's fingerprint of a stock
+    model); the device it ran on is recorded beside the environment."""
     from hf_memory import model_fingerprint
 
     start = time.perf_counter()
@@ -60,7 +63,8 @@ def run_task(task: str, body: Callable[[], dict[str, Any]], *, model, config: di
         "schema_version": 1, "task": task,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_time_s": round(time.perf_counter() - start, 2), "seed": seed,
-        "environment": environment(), "model": model_fingerprint(model), "config": config,
+        "environment": {**environment(), "device": str(next(model.parameters()).device)},
+        "model": fingerprint or model_fingerprint(model), "config": config,
         "results": results,
     }
     validate_results(record)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eval_harness.names import DIRECTIONS, FACTORS, METHODS, TASKS
+from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, TASKS
 
 from .types import finite, non_negative, non_negative_int, positive_int
 
@@ -63,6 +63,33 @@ def _load_model(name: str):
     return model, tokenizer
 
 
+def _family_task(args: argparse.Namespace, out: Path) -> Path:
+    from eval_harness.family_tasks import (
+        family_fingerprint,
+        load_family_model,
+        run_air_puzzles,
+        run_arith_splits,
+    )
+    from eval_harness.runner import run_task
+
+    if args.model == "default":
+        raise ValueError(f"{args.task} needs --model: a folder or repo id of a trained model")
+    import torch
+
+    torch.manual_seed(args.seed)
+    model = load_family_model(args.model, args.task)
+    if args.task == "arith-splits":
+        config = {"pool_size": args.pool_size, "held_out_split": args.held_out_split}
+        body = lambda: run_arith_splits(model, pool_size=args.pool_size, seed=args.seed,  # noqa: E731
+                                        held_out_split=args.held_out_split)
+    else:
+        config = {"puzzles": args.puzzles}
+        body = lambda: run_air_puzzles(model, args.task, puzzles=args.puzzles,  # noqa: E731
+                                       seed=args.seed)
+    return run_task(args.task, body, model=model, config={**config, "model": args.model},
+                    seed=args.seed, out=out, fingerprint=family_fingerprint(model))
+
+
 def _eval(args: argparse.Namespace) -> None:
     from eval_harness.bigfive import BigFiveConfig, run_bigfive
     from eval_harness.bigfive_generation import run_bigfive_generation
@@ -70,8 +97,15 @@ def _eval(args: argparse.Namespace) -> None:
     from eval_harness.report import render_report
     from eval_harness.runner import run_task
 
-    model, tokenizer = _load_model(args.model)
     out = Path(args.out or f"results/{args.task}")
+    if args.task in FAMILY_TASKS:
+        path = _family_task(args, out)
+        print(f"# wrote {path}")
+        for report in render_report(path):
+            print(f"# wrote {report}")
+        print((path.parent / "report.md").read_text())
+        return
+    model, tokenizer = _load_model(args.model)
     if args.task in ("trait-steering", "layer-ablation"):
         from eval_harness.trait_steering import (
             TraitSteeringConfig,
@@ -158,6 +192,12 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--gain", type=non_negative, default=2.0, help="bank gain lambda")
     run.add_argument("--caa-layer", type=non_negative_int, default=10)
     run.add_argument("--caa-scale", type=finite, default=2.0)
+    run.add_argument("--puzzles", type=positive_int, default=200, metavar="N",
+                     help="air-sudoku / air-maze: held-out puzzles to solve (default: 200)")
+    run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
+                     help="arith-splits: sequences per pool (default: 1024)")
+    run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",
+                     help="arith-splits: the held-out pairs the model was trained without")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", metavar="DIR", help="output directory (default: results/<task>)")
     run.set_defaults(handler=_eval)

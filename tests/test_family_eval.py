@@ -1,0 +1,80 @@
+"""``hf-memory eval air-sudoku | air-maze | arith-splits`` on models a user points at."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_memory_cli as cli
+from eval_harness.runner import validate_results
+from modeling.air import AIRConfig, AIRSolver, sudoku_dataset
+from modeling.air.maze_air import MAZE_VOCAB_SIZE
+from modeling.air.training_air import evaluate_air
+from modeling.arith import ArithConfig, ArithTransformer
+
+
+def _air(tmp_path, vocab: int, seq_len: int):
+    torch.manual_seed(0)
+    model = AIRSolver(AIRConfig(vocab_size=vocab, seq_len=seq_len, hidden_size=16,
+                                num_hidden_layers=1, num_attention_heads=2, halt_max_steps=2))
+    model.save_pretrained(tmp_path / "model")
+    return model
+
+
+def _run(argv, capsys) -> dict:
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "report.md" in out
+    out_dir = Path(argv[argv.index("--out") + 1])
+    record = json.loads((out_dir / "results.json").read_text())
+    validate_results(record)
+    return record
+
+
+def test_air_sudoku_scores_held_out_puzzles_like_evaluate_air(tmp_path, capsys):
+    model = _air(tmp_path, vocab=6, seq_len=16).eval()
+    record = _run(["eval", "air-sudoku", "--model", str(tmp_path / "model"), "--puzzles", "12",
+                   "--seed", "4", "--out", str(tmp_path / "res")], capsys)
+    assert record["model"]["model_type"] == "air" and record["environment"]["device"] == "cpu"
+    expected = evaluate_air(model, sudoku_dataset(4, 12, "test", seed=4), "sudoku")
+    assert record["results"]["metrics"] == pytest.approx(expected)
+    assert record["results"]["puzzles"] == 12 and record["results"]["board_size"] == 4
+    assert (tmp_path / "res" / "metrics.png").is_file()
+    assert "exact_accuracy" in (tmp_path / "res" / "report.md").read_text()
+
+
+def test_air_maze_reports_valid_optimal_accuracy(tmp_path, capsys):
+    _air(tmp_path, vocab=MAZE_VOCAB_SIZE, seq_len=36)
+    record = _run(["eval", "air-maze", "--model", str(tmp_path / "model"), "--puzzles", "4",
+                   "--out", str(tmp_path / "res")], capsys)
+    assert 0.0 <= record["results"]["metrics"]["valid_optimal_accuracy"] <= 1.0
+
+
+def test_arith_splits_scores_every_pool_and_the_progress_measures(tmp_path, capsys):
+    torch.manual_seed(0)
+    ArithTransformer(ArithConfig(hidden_size=16, head_dim=8, intermediate_size=16)
+                     ).save_pretrained(tmp_path / "model")
+    record = _run(["eval", "arith-splits", "--model", str(tmp_path / "model"), "--pool-size",
+                   "64", "--out", str(tmp_path / "res")], capsys)
+    metrics = record["results"]["metrics"]
+    assert {"0var/train", "1var/train", "2var/train"} <= set(metrics)
+    assert any("held_out" in name for name in metrics)
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    assert "ov2_mlp2_accuracy" in record["results"]["progress"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "air-sudoku"], "needs --model"),
+    (["eval", "arith-splits", "--model", "{air}"], "needs an arith model"),
+    (["eval", "air-maze", "--model", "{tmp}/missing"], "cannot load model"),
+], ids=["no-model", "wrong-family", "missing"])
+def test_family_tasks_refuse_the_wrong_model_in_one_line(argv, message, tmp_path, capsys):
+    _air(tmp_path, vocab=6, seq_len=16)
+    argv = [a.format(air=tmp_path / "model", tmp=tmp_path) for a in argv]
+    assert cli.main([*argv, "--out", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error:" in err and message in err
+    assert not (tmp_path / "res").exists()
