@@ -1,4 +1,4 @@
-"""``hf-memory export`` and ``hf-memory push``: Hub-ready folders and their upload."""
+"""``hf-memory export``, ``push`` and ``card``: Hub-ready folders, their upload, their cards."""
 
 from __future__ import annotations
 
@@ -26,8 +26,32 @@ def _push(args: argparse.Namespace) -> None:
                                                                if args.tag else ""))
 
 
+def _card(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from eval_harness.family_tasks import family_fingerprint
+    from hub_cards.publish import load_artifact
+    from hub_cards.results_card import render_results_card
+
+    records = []
+    for path in args.results:
+        path = Path(path) / "results.json" if Path(path).is_dir() else Path(path)
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot read results from {path}: {error}") from None
+    model = load_artifact(args.model_dir)
+    if not hasattr(model, "config"):
+        raise ValueError(f"{args.model_dir} holds a {type(model).__name__}, not a model")
+    card = render_results_card(args.model_dir, records, family_fingerprint(model))
+    readme = Path(args.model_dir) / "README.md"
+    readme.write_text(card)
+    print(f"# wrote {readme} ({len(records)} results file(s))")
+
+
 def add_publish_parsers(commands: argparse._SubParsersAction) -> None:
-    """Register ``export`` and ``push`` on the ``hf-memory`` parser."""
+    """Register ``export``, ``push`` and ``card`` on the ``hf-memory`` parser."""
     export = commands.add_parser(
         "export", help="write a model, bank set or selector as a Hub-ready folder",
         description="Load a saved ASM / AIR / Arith model, bank set or selector folder and write "
@@ -51,3 +75,14 @@ def add_publish_parsers(commands: argparse._SubParsersAction) -> None:
     push.add_argument("--private", action="store_true", default=None,
                       help="create the Hub repo private")
     push.set_defaults(handler=_push)
+    card = commands.add_parser(
+        "card", help="write a model's README card from its measured results",
+        description="Render MODEL_DIR/README.md with huggingface_hub.ModelCardData: licence, "
+                    "library, tags, datasets, a model-index holding every metric of the given "
+                    "results files (hf-memory eval), the training recipe from the run's log.json "
+                    "when it sits beside the folder, intended use and limitations. Results of "
+                    "another checkpoint are refused.")
+    card.add_argument("model_dir", metavar="MODEL_DIR", help="a save_pretrained model folder")
+    card.add_argument("--results", nargs="+", required=True, metavar="JSON",
+                      help="results.json files (or their folders) of this model")
+    card.set_defaults(handler=_card)

@@ -61,6 +61,8 @@ BAD_INPUTS = [
     (["export", "{tmp}/llama", OUT], "model_type 'llama'"),
     (["push", "{tmp}/banks", "no-slash", "--git-root", OUT], "org/name"),
     (["push", "{tmp}/missing", "org/x", "--git-root", OUT], "not a folder with files"),
+    (["card", "{tmp}/banks", "--results", "{tmp}/missing.json"], "cannot read results"),
+    (["card", "{tmp}/banks", "--results", "{tmp}/other.json"], "not a model"),
     (["report", "{tmp}/missing.json"], "cannot read results"),
     (["report", "{tmp}/corrupt.json"], "cannot read results"),
     (["report", "{tmp}/other.json"], "unknown task"),

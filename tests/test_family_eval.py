@@ -78,3 +78,35 @@ def test_family_tasks_refuse_the_wrong_model_in_one_line(argv, message, tmp_path
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "error:" in err and message in err
     assert not (tmp_path / "res").exists()
+
+
+def test_card_from_results_holds_every_metric_in_its_model_index(tmp_path, capsys):
+    from huggingface_hub import ModelCard
+
+    _air(tmp_path, vocab=6, seq_len=16)
+    (tmp_path / "log.json").write_text(json.dumps({"train_config": {"steps": 6, "lr": 1e-3},
+                                                   "final": {"wall_time_s": 12.0}}))
+    record = _run(["eval", "air-sudoku", "--model", str(tmp_path / "model"), "--puzzles", "8",
+                   "--out", str(tmp_path / "res")], capsys)
+    assert cli.main(["card", str(tmp_path / "model"), "--results", str(tmp_path / "res")]) == 0
+    card = ModelCard.load(tmp_path / "model" / "README.md")
+    measured = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    expected = {k: round(v, 4) for k, v in record["results"]["metrics"].items()
+                if k not in ("count", "mean_segments")}
+    assert measured == expected
+    assert card.data.license == "apache-2.0" and "air" in card.data.tags
+    assert card.data.datasets == ["hf-memory/sudoku-offline"]
+    assert "hf-memory eval air-sudoku" in card.text and "| `steps` | 6 |" in card.text
+    assert "Intended use and limitations" in card.text
+
+
+def test_card_refuses_results_of_another_checkpoint(tmp_path, capsys):
+    _air(tmp_path, vocab=6, seq_len=16)
+    _run(["eval", "air-sudoku", "--model", str(tmp_path / "model"), "--puzzles", "4",
+          "--out", str(tmp_path / "res")], capsys)
+    torch.manual_seed(1)
+    AIRSolver(AIRConfig(vocab_size=6, seq_len=16, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, halt_max_steps=2)).save_pretrained(tmp_path / "b")
+    assert cli.main(["card", str(tmp_path / "b"), "--results", str(tmp_path / "res")]) == 2
+    assert "measured on another checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "README.md").exists()

@@ -48,3 +48,28 @@ def test_help_is_fast_and_imports_no_torch():
                             cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_command_line_modules_form_no_cycle():
+    modules = {p.stem: p for p in (ROOT / "hf_memory_cli").glob("*.py")}
+    edges = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        edges[name] = {alias.name if node.module is None else node.module.split(".")[0]
+                       for node in ast.walk(tree)
+                       if isinstance(node, ast.ImportFrom) and node.level == 1
+                       for alias in node.names} & set(modules)
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for nxt in sorted(edges[name]):
+            assert state.get(nxt) != "open", " -> ".join([*path, name, nxt])
+            if nxt not in state:
+                visit(nxt, [*path, name])
+        state[name] = "done"
+
+    for name in sorted(modules):
+        if name not in state:
+            visit(name, [])
+    assert edges["main"] >= {"air", "arith", "memory", "publish"}  # the graph is really read
