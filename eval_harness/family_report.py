@@ -16,6 +16,8 @@ def render_family_report(record: dict[str, Any], out: Path) -> list[Path]:
     results, model = record["results"], record["model"]
     metrics = results["metrics"]
     rows = [f"| {name} | {value:.4f} |" for name, value in metrics.items()]
+    if record["task"] == "asm-lm":
+        return _asm_report(record, out)
     if record["task"] == "arith-splits":
         detail = (f"{results['pool_size']} sequences per pool; held-out pairs: "
                   f"{results['held_out_split']}")
@@ -39,4 +41,29 @@ def render_family_report(record: dict[str, Any], out: Path) -> list[Path]:
         f"{model['num_parameters']:,} parameters, weights {model['weights_digest']}); {detail}; "
         f"{record['wall_time_s']:.1f} s on {record['environment'].get('device', '?')}.\n\n"
         "| metric | value |\n| --- | --- |\n" + "\n".join(rows) + f"\n\n![metrics]({plot.name})\n")
+    return [report, plot]
+
+
+def _asm_report(record: dict[str, Any], out: Path) -> list[Path]:
+    results, model = record["results"], record["model"]
+    metrics, geometry = results["metrics"], results["geometry"]
+    fig, axes = plt.subplots(1, len(geometry), figsize=(3.0 * len(geometry), 2.8))
+    for ax, (name, values) in zip(axes, geometry.items(), strict=True):
+        ax.plot(range(len(values)), values, marker="o")
+        ax.set_title(name.replace("_", " "), fontsize=9)
+        ax.set_xlabel("layer")
+    plot = save_figure(fig, out / "geometry.png")
+    rows = "\n".join(f"| {layer} | " + " | ".join(f"{geometry[n][layer]:.3f}" for n in geometry)
+                     + " |" for layer in range(len(next(iter(geometry.values())))))
+    report = out / "report.md"
+    report.write_text(
+        f"# asm-lm\n\nModel `{model['name_or_path']}` ({model['num_parameters']:,} parameters, "
+        f"weights {model['weights_digest']}) on {results['sentences']} sentences of "
+        f"{results['corpus']}; {record['wall_time_s']:.1f} s on "
+        f"{record['environment'].get('device', '?')}.\n\n| metric | value |\n| --- | --- |\n"
+        f"| perplexity | {metrics['perplexity']:.3f} |\n"
+        f"| NLL per token | {metrics['nll_per_token']:.4f} |\n| tokens | {metrics['tokens']} |"
+        f"\n\nRefinement geometry per layer (section 4), means over real tokens and heads:\n\n"
+        f"| layer | {' | '.join(geometry)} |\n|{' --- |' * (len(geometry) + 1)}\n{rows}\n\n"
+        f"![geometry]({plot.name})\n")
     return [report, plot]

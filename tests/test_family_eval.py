@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,7 @@ def test_card_from_results_holds_every_metric_in_its_model_index(tmp_path, capsy
     card = ModelCard.load(tmp_path / "model" / "README.md")
     measured = {r.metric_type: r.metric_value for r in card.data.eval_results}
     expected = {k: round(v, 4) for k, v in record["results"]["metrics"].items()
-                if k not in ("count", "mean_segments")}
+                if k not in ("count", "mean_segments", "tokens")}
     assert measured == expected
     assert card.data.license == "apache-2.0" and "air" in card.data.tags
     assert card.data.datasets == ["hf-memory/sudoku-offline"]
@@ -110,3 +111,33 @@ def test_card_refuses_results_of_another_checkpoint(tmp_path, capsys):
     assert cli.main(["card", str(tmp_path / "b"), "--results", str(tmp_path / "res")]) == 2
     assert "measured on another checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "b" / "README.md").exists()
+
+
+@pytest.mark.slow
+def test_asm_lm_perplexity_geometry_report_and_card(tmp_path, capsys):
+    from huggingface_hub import ModelCard
+    from transformers import AutoTokenizer
+
+    from hf_memory import default_model as dm
+    from modeling.asm import ASMConfig, ASMForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(dm.ensure_default_model_cached())
+    torch.manual_seed(0)
+    ASMForCausalLM(ASMConfig(vocab_size=len(tokenizer), hidden_size=24, num_hidden_layers=2,
+                             num_attention_heads=3, num_slots=4, slot_space_dim=6)
+                   ).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    record = _run(["eval", "asm-lm", "--model", str(tmp_path / "model"), "--sentences", "6",
+                   "--out", str(tmp_path / "res")], capsys)
+    metrics = record["results"]["metrics"]
+    # an untrained model is close to uniform over the vocabulary
+    assert abs(metrics["nll_per_token"] - torch.log(torch.tensor(len(tokenizer))).item()) < 1.0
+    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["nll_per_token"]), rel=1e-9)
+    geometry = record["results"]["geometry"]
+    assert set(geometry) == {"alpha", "orthogonal_fraction", "relative_magnitude", "slot_ess",
+                             "routing_inertia"} and all(len(v) == 2 for v in geometry.values())
+    assert all(1.0 <= e <= 4.0 + 1e-6 for e in geometry["slot_ess"])
+    assert (tmp_path / "res" / "geometry.png").is_file()
+    assert cli.main(["card", str(tmp_path / "model"), "--results", str(tmp_path / "res")]) == 0
+    card = ModelCard.load(tmp_path / "model" / "README.md")
+    assert {r.metric_type for r in card.data.eval_results} == {"perplexity", "nll_per_token"}
