@@ -9,5 +9,5 @@ METHODS = ("plain", "prompt", "caa", "memory")
 # tasks of our own model families -> the model_type each needs
 FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith", "asm-lm": "asm"}
 TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
-         "air-sudoku", "air-maze", "arith-splits", "asm-lm")
+         "air-sudoku", "air-maze", "arith-splits", "asm-lm", "ffn-memories")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")

@@ -101,6 +101,28 @@ def _kv_report(results: dict[str, Any], out: Path, record: dict[str, Any]) -> li
     return [report, plot]
 
 
+def _ffn_report(record: dict[str, Any], out: Path) -> list[Path]:
+    """The FFN key-value memory analysis: the per-layer table and the paper's figures."""
+    from hf_memory.analysis.plots import plot_all
+
+    results = record["results"]
+    plots = plot_all(results, out)
+    rates, cases = results["agreement"]["+"], results["cases"]
+    rows = "\n".join(
+        f"| {layer + 1} | {100 * rates['top1'][i]:.2f} | {100 * rates['any'][i]:.2f} | "
+        f"{100 * results['active_fraction'][i]:.1f} | {100 * cases['residual'][i]:.1f} | "
+        f"{100 * cases['ffn'][i]:.1f} | {100 * cases['agreement'][i]:.1f} | "
+        f"{100 * cases['composition'][i]:.1f} |" for i, layer in enumerate(results["layers"]))
+    report = out / "report.md"
+    report.write_text(
+        f"# FFN layers as key-value memories\n\nModel `{record['model']['name_or_path']}`; "
+        f"{results['corpus']['sentences']} sentences ({results['corpus']['source']}), "
+        f"{record['wall_time_s']:.0f} s.\n\n| layer | agree@1 % | agree@k % | active % | "
+        "residual % | ffn % | agreement % | composition % |\n|" + " --- |" * 8 + f"\n{rows}\n\n"
+        + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+    return [report, *plots]
+
+
 def render_report(results_path: str | Path, out: str | Path | None = None) -> list[Path]:
     """Write ``report.md`` and PNG plots next to (or into ``out`` for) a results JSON."""
     path = Path(results_path)
@@ -123,6 +145,8 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         return render_layer_ablation(record, out)
     if task == "kv-footprint":
         return _kv_report(record["results"], out, record)
+    if task == "ffn-memories":
+        return _ffn_report(record, out)
     if task in FAMILY_TASKS:
         from .family_report import render_family_report
 

@@ -102,6 +102,28 @@ def _family_task(args: argparse.Namespace, out: Path) -> Path:
                     seed=args.seed, out=out, fingerprint=family_fingerprint(model))
 
 
+def _ffn_memories(args: argparse.Namespace, model, tokenizer, out: Path) -> Path:
+    from eval_harness.runner import run_task
+    from hf_memory.analysis.corpus import (
+        CORPUS_LICENSE,
+        CORPUS_SOURCE,
+        kjv_sentences,
+        tokenize_corpus,
+    )
+    from hf_memory.analysis.report import analyze_ffn_memories
+
+    def body():
+        corpus = tokenize_corpus(tokenizer, kjv_sentences(args.sentences, seed=args.seed))
+        results, _, _ = analyze_ffn_memories(model, corpus, tokenizer=tokenizer,
+                                             sample_size=min(1000, args.sentences * 4),
+                                             seed=args.seed)
+        results["corpus"].update(source=CORPUS_SOURCE, license=CORPUS_LICENSE)
+        return results
+
+    return run_task("ffn-memories", body, model=model, seed=args.seed, out=out,
+                    config={"sentences": args.sentences, "model": args.model})
+
+
 def _eval(args: argparse.Namespace) -> None:
     from eval_harness.bigfive import BigFiveConfig, run_bigfive
     from eval_harness.bigfive_generation import run_bigfive_generation
@@ -118,7 +140,9 @@ def _eval(args: argparse.Namespace) -> None:
         print((path.parent / "report.md").read_text())
         return
     model, tokenizer = _load_model(args.model)
-    if args.task in ("trait-steering", "layer-ablation"):
+    if args.task == "ffn-memories":
+        path = _ffn_memories(args, model, tokenizer, out)
+    elif args.task in ("trait-steering", "layer-ablation"):
         from eval_harness.trait_steering import (
             TraitSteeringConfig,
             run_layer_ablation,
@@ -207,7 +231,7 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--puzzles", type=positive_int, default=200, metavar="N",
                      help="air-sudoku / air-maze: held-out puzzles to solve (default: 200)")
     run.add_argument("--sentences", type=positive_int, default=500, metavar="N",
-                     help="asm-lm: held-out KJV sentences to score (default: 500)")
+                     help="asm-lm / ffn-memories: KJV sentences to score (default: 500)")
     run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                      help="arith-splits: sequences per pool (default: 1024)")
     run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",
