@@ -124,7 +124,46 @@ def _ffn_memories(args: argparse.Namespace, model, tokenizer, out: Path) -> Path
                     config={"sentences": args.sentences, "model": args.model})
 
 
+def _suite(args: argparse.Namespace) -> None:
+    """Run every entry of a suite file through ``eval`` and compare them in one report."""
+    import yaml
+
+    from eval_harness.suite_report import render_suite_report
+
+    try:
+        suite = yaml.safe_load(Path(args.suite).read_text())
+    except OSError as error:
+        raise ValueError(f"cannot read the suite {args.suite}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{args.suite} is not valid YAML: {str(error).splitlines()[0]}"
+                         ) from None
+    runs = suite.get("runs") if isinstance(suite, dict) else None
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) and "task" in r
+                                                         for r in runs):
+        raise ValueError(f"{args.suite} needs a list 'runs' of entries with a 'task' (and "
+                         "'model', 'args')")
+    out = Path(args.out or suite.get("out") or "results/suite")
+    paths = []
+    for i, run in enumerate(runs):
+        argv = [str(run["task"]), "--model", str(run.get("model", "default"))]
+        for key, value in (run.get("args") or {}).items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+        target = out / f"{i:02d}-{run['task']}"
+        entry = args.eval_parser.parse_args([*argv, "--out", str(target)])
+        print(f"# suite {i + 1}/{len(runs)}: hf-memory eval {' '.join(argv)}")
+        _eval(entry)
+        paths.append(target / "results.json")
+    for path in render_suite_report(paths, out):
+        print(f"# wrote {path}")
+
+
 def _eval(args: argparse.Namespace) -> None:
+    if args.suite is not None:
+        if args.task is not None:
+            raise ValueError("give a task or --suite, not both")
+        return _suite(args)
+    if args.task is None:
+        raise ValueError("give a task (see hf-memory eval --help) or --suite FILE")
     from eval_harness.bigfive import BigFiveConfig, run_bigfive
     from eval_harness.bigfive_generation import run_bigfive_generation
     from eval_harness.kv_task import run_kv_footprint
@@ -197,7 +236,10 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                     "method; bigfive-gen: open-ended generations scored by the offline lexicon "
                     "judge, GAS; kv-footprint: banks vs visible prompt, eq. 10) and render its "
                     "report (Markdown tables + PNG plots).")
-    run.add_argument("task", choices=TASKS)
+    run.add_argument("task", choices=TASKS, nargs="?")
+    run.add_argument("--suite", metavar="YAML",
+                     help="run the suite file's entries (runs: [{task, model, args}], out) and "
+                          "write one side-by-side report")
     run.add_argument("--method", type=_csv(METHODS), default=list(METHODS),
                      help=f"comma-separated methods (default: {','.join(METHODS)})")
     run.add_argument("--traits", type=_csv(FACTORS), default=list(FACTORS),
@@ -238,7 +280,7 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="arith-splits: the held-out pairs the model was trained without")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", metavar="DIR", help="output directory (default: results/<task>)")
-    run.set_defaults(handler=_eval)
+    run.set_defaults(handler=_eval, eval_parser=run)
 
     report = commands.add_parser("report", help="render tables and plots from a results.json",
                                  description="Render report.md and PNG plots from results.")

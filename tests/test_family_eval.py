@@ -141,3 +141,39 @@ def test_asm_lm_perplexity_geometry_report_and_card(tmp_path, capsys):
     assert cli.main(["card", str(tmp_path / "model"), "--results", str(tmp_path / "res")]) == 0
     card = ModelCard.load(tmp_path / "model" / "README.md")
     assert {r.metric_type for r in card.data.eval_results} == {"perplexity", "nll_per_token"}
+
+
+def test_a_suite_runs_every_entry_and_compares_models_side_by_side(tmp_path, capsys):
+    _air(tmp_path, vocab=6, seq_len=16)
+    torch.manual_seed(1)
+    AIRSolver(AIRConfig(vocab_size=6, seq_len=16, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, halt_max_steps=2)).save_pretrained(tmp_path / "b")
+    torch.manual_seed(0)
+    ArithTransformer(ArithConfig(hidden_size=16, head_dim=8, intermediate_size=16)
+                     ).save_pretrained(tmp_path / "arith")
+    (tmp_path / "suite.yaml").write_text(
+        "runs:\n"
+        f"  - {{task: air-sudoku, model: {tmp_path / 'model'}, args: {{puzzles: 6}}}}\n"
+        f"  - {{task: air-sudoku, model: {tmp_path / 'b'}, args: {{puzzles: 6}}}}\n"
+        f"  - {{task: arith-splits, model: {tmp_path / 'arith'}, args: {{pool_size: 32}}}}\n")
+    assert cli.main(["eval", "--suite", str(tmp_path / "suite.yaml"), "--out",
+                     str(tmp_path / "suite")]) == 0
+    report = (tmp_path / "suite" / "suite.md").read_text()
+    assert report.count("\n| ") >= 2 + 2 + 1 + 1  # two tables: header row + model rows
+    assert "## air-sudoku" in report and "## arith-splits" in report
+    assert str(tmp_path / "b") in report and (tmp_path / "suite" / "suite.png").is_file()
+    assert len(list((tmp_path / "suite").glob("*/results.json"))) == 3
+    assert "suite 3/3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("runs: 3", "needs a list 'runs'"),
+    ("runs: [{model: x}]", "needs a list 'runs'"),
+    ("runs: [: :", "not valid YAML"),
+], ids=["not-a-list", "no-task", "bad-yaml"])
+def test_bad_suite_files_are_one_line(text, message, tmp_path, capsys):
+    (tmp_path / "suite.yaml").write_text(text)
+    assert cli.main(["eval", "--suite", str(tmp_path / "suite.yaml"), "--out",
+                     str(tmp_path / "suite")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "suite").exists()
