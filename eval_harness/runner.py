@@ -13,9 +13,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGES", "SCHEMA_PATH", "environment", "run_task", "validate_results"]
+__all__ = ["PACKAGES", "PAYLOAD_SCHEMAS", "SCHEMA_PATH", "environment", "run_task",
+           "validate_results"]
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "results.schema.json"
+PAYLOAD_SCHEMAS = Path(__file__).parent / "schema" / "payloads"
 PACKAGES = ("hf-memory", "torch", "transformers", "datasets", "evaluate", "safetensors",
             "huggingface-hub", "numpy")
 
@@ -43,10 +45,15 @@ def environment() -> dict[str, Any]:
 
 
 def validate_results(results: dict[str, Any]) -> None:
-    """Raise ``jsonschema.ValidationError`` if ``results`` does not follow the schema."""
+    """Raise ``jsonschema.ValidationError`` if ``results`` does not follow the schema: the
+    task-independent core, then the task's payload schema (``schema/payloads/<task>``) if it
+    has one."""
     import jsonschema
 
     jsonschema.validate(results, json.loads(SCHEMA_PATH.read_text()))
+    payload = PAYLOAD_SCHEMAS / f"{results['task']}.schema.json"
+    if payload.is_file():
+        jsonschema.validate(results["results"], json.loads(payload.read_text()))
 
 
 def run_task(task: str, body: Callable[[], dict[str, Any]], *, model, config: dict[str, Any],

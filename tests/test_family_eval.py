@@ -177,3 +177,17 @@ def test_bad_suite_files_are_one_line(text, message, tmp_path, capsys):
                      str(tmp_path / "suite")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "suite").exists()
+
+
+def test_payload_schemas_reject_a_broken_payload(tmp_path, capsys):
+    import jsonschema
+
+    _air(tmp_path, vocab=6, seq_len=16)
+    record = _run(["eval", "air-sudoku", "--model", str(tmp_path / "model"), "--puzzles", "4",
+                   "--out", str(tmp_path / "res")], capsys)
+    record["results"]["metrics"]["exact_accuracy"] = 1.5
+    with pytest.raises(jsonschema.ValidationError, match="1.5"):
+        validate_results(record)
+    del record["results"]["board_size"]
+    with pytest.raises(jsonschema.ValidationError, match="board_size"):
+        validate_results(record)
