@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -217,15 +216,10 @@ class BankSet:
         commit_message: str = "Upload memory bank set",
     ) -> str:
         """Create (if needed) a Hub model repo and upload the saved bank set to it."""
-        from huggingface_hub import HfApi
+        from .hub_upload import upload_saved
 
-        api = HfApi(token=token)
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            self.save_pretrained(tmp)
-            info = api.upload_folder(repo_id=repo_id, folder_path=tmp,
-                                     commit_message=commit_message)
-        return str(getattr(info, "commit_url", info))
+        return upload_saved(self.save_pretrained, repo_id, private=private, token=token,
+                            commit_message=commit_message)
 
 
 def _read_config(directory: Path) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -454,15 +453,10 @@ class Selector:
                     token: str | None = None,
                     commit_message: str = "Upload memory-inception selector") -> str:
         """Create (if needed) a Hub model repo and upload the saved selector to it."""
-        from huggingface_hub import HfApi
+        from .hub_upload import upload_saved
 
-        api = HfApi(token=token)
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            self.save_pretrained(tmp)
-            info = api.upload_folder(repo_id=repo_id, folder_path=tmp,
-                                     commit_message=commit_message)
-        return str(getattr(info, "commit_url", info))
+        return upload_saved(self.save_pretrained, repo_id, private=private, token=token,
+                            commit_message=commit_message)
 
 
 def _tokens_before(tokenizer, text: str, prompt: str) -> int:
