@@ -49,3 +49,19 @@ def test_import_packages(package):
     module = importlib.import_module(package)
     assert module.__doc__
     assert isinstance(module.__all__, list)
+
+
+def test_the_reference_attention_leaves_the_registries_as_they_were():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from tests.test_memory_inception import ConcatReference, random_bank
+    from tests.tiny_models import tiny_model
+
+    before = (set(AttentionInterface._global_mapping), set(AttentionMaskInterface._global_mapping))
+    model = tiny_model("llama")
+    with ConcatReference(model, [random_bank("t", "target", 3)], {0: [0]}, rho={0: 1.0},
+                         gamma=1.0):
+        assert ConcatReference.name in AttentionInterface._global_mapping
+    assert (set(AttentionInterface._global_mapping),
+            set(AttentionMaskInterface._global_mapping)) == before

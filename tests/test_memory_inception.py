@@ -121,6 +121,9 @@ class ConcatReference:
         for hook in self.hooks:
             hook.remove()
         self.model.set_attn_implementation("sdpa")
+        # leave transformers' global registries as they were
+        AttentionInterface._global_mapping.pop(self.name, None)
+        AttentionMaskInterface._global_mapping.pop(self.name, None)
 
 
 # -- contract: inactive or empty steering is bit-identical, and the model is restored
