@@ -20,7 +20,7 @@ from .names import FAMILY_TASKS
 __all__ = ["family_fingerprint", "load_family_model", "run_air_puzzles",
            "run_arith_splits", "run_asm_lm"]
 
-def load_family_model(name: str, task: str):
+def load_family_model(name: str, task: str, revision: str | None = None):
     """An AIRSolver / ArithTransformer / ASMForCausalLM from a folder or a Hub repo id
     (``trust_remote_code``)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
@@ -29,14 +29,15 @@ def load_family_model(name: str, task: str):
 
     auto = AutoModelForCausalLM if task == "asm-lm" else AutoModel
     try:
-        config = AutoConfig.from_pretrained(name, trust_remote_code=True)
-        model = auto.from_pretrained(name, trust_remote_code=True).eval()
+        config = AutoConfig.from_pretrained(name, trust_remote_code=True, revision=revision)
+        model = auto.from_pretrained(name, trust_remote_code=True, revision=revision).eval()
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot load model {name!r}: {str(error).splitlines()[0]}") from None
     if config.model_type != FAMILY_TASKS[task]:
         raise ValueError(f"{task} needs an {FAMILY_TASKS[task]} model; {name!r} is "
                          f"{config.model_type!r}")
     model.name_or_path = model.config.name_or_path = str(name)
+    model.hf_memory_revision = revision
     return model
 
 
@@ -49,6 +50,7 @@ def family_fingerprint(model) -> dict[str, Any]:
     return {"model_type": model.config.model_type,
             "name_or_path": str(getattr(model.config, "name_or_path", "") or ""),
             "num_hidden_layers": int(model.config.num_hidden_layers),
+            "revision": getattr(model, "hf_memory_revision", None),
             "num_parameters": sum(p.numel() for p in model.parameters()),
             "weights_digest": digest.hexdigest()[:16]}
 

@@ -78,12 +78,12 @@ def _family_task(args: argparse.Namespace, out: Path) -> Path:
     import torch
 
     torch.manual_seed(args.seed)
-    model = load_family_model(args.model, args.task)
+    model = load_family_model(args.model, args.task, revision=args.revision)
     if args.task == "asm-lm":
         from transformers import AutoTokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
+            tokenizer = AutoTokenizer.from_pretrained(args.model, revision=args.revision)
         except (OSError, ValueError):
             raise ValueError(f"asm-lm needs the tokenizer saved with the model; {args.model!r} "
                              "has none") from None
@@ -272,6 +272,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--caa-scale", type=finite, default=2.0)
     run.add_argument("--puzzles", type=positive_int, default=200, metavar="N",
                      help="air-sudoku / air-maze: held-out puzzles to solve (default: 200)")
+    run.add_argument("--revision", metavar="REV",
+                     help="air-*/arith-splits/asm-lm: the branch, tag or commit of a Hub model")
     run.add_argument("--sentences", type=positive_int, default=500, metavar="N",
                      help="asm-lm / ffn-memories: KJV sentences to score (default: 500)")
     run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",

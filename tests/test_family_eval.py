@@ -40,6 +40,7 @@ def test_air_sudoku_scores_held_out_puzzles_like_evaluate_air(tmp_path, capsys):
     record = _run(["eval", "air-sudoku", "--model", str(tmp_path / "model"), "--puzzles", "12",
                    "--seed", "4", "--out", str(tmp_path / "res")], capsys)
     assert record["model"]["model_type"] == "air" and record["environment"]["device"] == "cpu"
+    assert record["model"]["revision"] is None
     expected = evaluate_air(model, sudoku_dataset(4, 12, "test", seed=4), "sudoku")
     assert record["results"]["metrics"] == pytest.approx(expected)
     assert record["results"]["puzzles"] == 12 and record["results"]["board_size"] == 4

@@ -4,6 +4,7 @@ a commit and main."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -217,3 +218,20 @@ def test_export_command_round_trip(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
     assert "is not a folder" in capsys.readouterr().err
     assert not Path(tmp_path / "x").exists()
+
+
+def test_eval_loads_a_hub_model_by_repo_id_and_revision(hub, tmp_path):
+    torch.manual_seed(0)
+    model = _air().float().eval()
+    commit = push_folder(export_folder(model, tmp_path / "air"), "org/air-eval",
+                         git_root=hub.git_root, tag="v1")
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0",
+           "HF_HOME": str(tmp_path / "hf_home"), "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_memory_cli.main", "eval", "air-sudoku", "--model",
+         "org/air-eval", "--revision", "v1", "--puzzles", "4", "--out", str(tmp_path / "res")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert record["model"]["name_or_path"] == "org/air-eval"
+    assert record["model"]["revision"] == "v1" and len(commit) == 40
