@@ -22,12 +22,28 @@ __all__ = ["write_json", "write_safetensors", "write_text"]
 _SUFFIX = ".partial"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 def _write(path: Path, fill: Callable[[Path], None]) -> Path:
-    """Run ``fill(tmp)`` on a fresh temporary file beside ``path``, sync it, rename it over."""
+    """Run ``fill(tmp)`` on a fresh temporary file beside ``path``, sync it, rename it over.
+
+    Temporary files carry their writer's pid; the ones whose writer is gone (killed mid-save)
+    are removed, a concurrent writer's are left alone."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*{_SUFFIX}"):  # left by a killed writer
-        stale.unlink(missing_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_SUFFIX, dir=path.parent)
+    for stale in path.parent.glob(f".{path.name}.*{_SUFFIX}"):
+        pid = stale.name[len(path.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_SUFFIX,
+                                    dir=path.parent)
     os.close(handle)
     tmp = Path(name)
     try:

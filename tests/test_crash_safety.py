@@ -96,6 +96,22 @@ def test_atomic_text_and_json_writes_replace_whole_files(tmp_path):
     assert path.read_text() == "short" and _partial_files(path.parent) == []
 
 
+def test_a_save_leaves_a_live_writers_partial_file_and_removes_a_dead_ones(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        live = tmp_path / f".record.json.{sleeper.pid}.abc{atomic_files._SUFFIX}"
+        gone = tmp_path / f".record.json.{dead.pid}.abc{atomic_files._SUFFIX}"
+        live.write_text("half")
+        gone.write_text("half")
+        atomic_files.write_json(tmp_path / "record.json", {"a": 1})
+        assert live.exists() and not gone.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 CHECKPOINT_WRITER = """
 import sys
 from pathlib import Path
