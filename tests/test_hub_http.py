@@ -32,8 +32,7 @@ class _Blocked(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {blocked!r}:
             raise ImportError(f"{{name}} is not installed for this user")
 sys.meta_path.insert(0, _Blocked())
-import torch
-torch.set_num_threads({threads})
+import torch; torch.set_num_threads({threads})  # the parent's, in this child process only
 from safetensors.torch import load_file, save_file
 inputs = load_file({inputs!r})
 """
