@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_PERSONA", "DEFAULT_PROMPTS", "DEFAULT_REFERENCE", "DemoResul
 
 DEFAULT_PERSONA, DEFAULT_REFERENCE = TRAIT_DESCRIPTORS["N"]  # anxious; calm
 DEFAULT_DIRECTION = "N+"
-SHIPPED_DIRECTIONS = ("N+", "N-")
+SHIPPED_DIRECTIONS = tuple(f"{trait}{sign}" for trait in "OCEAN" for sign in "+-")
 BANK_RECIPE = {"template": "{text}", "context": "system", "gain": 1.0}
 DEFAULT_PROMPTS = (
     "How do you feel about your exam tomorrow?",

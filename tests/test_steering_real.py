@@ -11,7 +11,7 @@ import torch
 from hf_memory import BankSet, FingerprintMismatchError, MemoryBank, PromptMethod, steer
 from hf_memory.calibration import calibration_pairs, direction_parts
 from hf_memory.chat import chat_messages, default_system_prompt, encode_chats
-from hf_memory.demo import DEFAULT_PERSONA, persona_bank, shipped_selector
+from hf_memory.demo import DEFAULT_PERSONA, SHIPPED_DIRECTIONS, persona_bank, shipped_selector
 from hf_memory.likelihood import pair_margins
 from hf_memory.selector import Selector, SelectorFormatError
 from tests.test_memory_inception import random_bank
@@ -120,7 +120,7 @@ def test_calibration_bad_input_is_one_clear_error(default_model):
     with pytest.raises(ValueError, match="Big Five trait letter"):
         direction_parts("X+")
     with pytest.raises(ValueError, match="no selector is shipped"):
-        shipped_selector("O+")
+        shipped_selector("X+")
 
 
 def test_a_selector_of_another_format_version_is_refused(tmp_path):
@@ -154,3 +154,12 @@ def test_the_automatic_path_moves_the_probe_towards_the_target(default_model, di
     assert sign * (memory - plain) > 0, (plain, memory)
     assert sign * (memory - plain) >= sign * (prompt - plain), (plain, memory, prompt)
     assert sign * (opposite - plain) < 0, (plain, opposite)
+
+
+def test_a_frozen_selector_is_shipped_for_every_direction(default_model):
+    model, _ = default_model
+    for direction in SHIPPED_DIRECTIONS:
+        selector = shipped_selector(direction, model=model)
+        assert selector.config["objective"] == "behavioural"
+        assert selector.config["direction"] == direction
+        assert selector.config["best"]["target"] > 0  # moves its calibration pairs its way
