@@ -38,24 +38,30 @@ def _partial_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".partial"))
 
 
+def _kill_mid_save(script: str, folder: Path, delay: float) -> None:
+    """Run ``script`` (saving into ``folder`` over and over, printing after each save) until it
+    has finished one save and started the next, wait ``delay`` seconds, then SIGKILL it."""
+    writer = subprocess.Popen([sys.executable, "-c", script, str(folder)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip().isdigit()  # one complete save on disk
+        deadline = time.monotonic() + 60
+        while not _partial_files(folder):  # the next save is writing now
+            assert time.monotonic() < deadline, "the writer never started another save"
+            time.sleep(0.0005)
+        time.sleep(delay)
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+
+
 @pytest.mark.slow
 def test_a_killed_save_leaves_the_old_bank_set_or_the_new_one(tmp_path):
     expected = {_bank_set(seed).banks[0].content_hash() for seed in (1, 2)}
     rng = random.Random(0)
     outcomes = []
     for _ in range(4):
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO,
-                                  stdout=subprocess.PIPE, text=True)
-        try:
-            assert writer.stdout.readline().strip().isdigit()  # one complete save on disk
-            deadline = time.monotonic() + 60
-            while not _partial_files(tmp_path):  # the next save is writing a file now
-                assert time.monotonic() < deadline, "the writer never started another save"
-                time.sleep(0.0005)
-            time.sleep(rng.uniform(0.0, 0.02))
-        finally:
-            writer.send_signal(signal.SIGKILL)
-            writer.wait()
+        _kill_mid_save(WRITER, tmp_path, rng.uniform(0.0, 0.02))
         try:
             loaded = BankSet.from_pretrained(tmp_path)
         except BankSetFormatError as error:  # only in the instant between the two renames
@@ -142,18 +148,7 @@ def test_a_killed_checkpoint_save_leaves_the_old_checkpoint_or_the_new_one(tmp_p
     rng = random.Random(0)
     outcomes = []
     for _ in range(4):
-        writer = subprocess.Popen([sys.executable, "-c", CHECKPOINT_WRITER, str(tmp_path)],
-                                  cwd=REPO, stdout=subprocess.PIPE, text=True)
-        try:
-            assert writer.stdout.readline().strip().isdigit()  # one complete checkpoint
-            deadline = time.monotonic() + 60
-            while not _partial_files(tmp_path):  # the next save is staging now
-                assert time.monotonic() < deadline, "the writer never started another save"
-                time.sleep(0.0005)
-            time.sleep(rng.uniform(0.0, 0.05))
-        finally:
-            writer.send_signal(signal.SIGKILL)
-            writer.wait()
+        _kill_mid_save(CHECKPOINT_WRITER, tmp_path, rng.uniform(0.0, 0.05))
         if not (tmp_path / "checkpoint").exists():  # only between the two renames of a swap
             outcomes.append("moved aside")
             continue
