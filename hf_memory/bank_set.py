@@ -23,10 +23,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from .adapters import get_adapter, head_dim
+from .adapters import get_adapter
 from .atomic_files import write_json, write_safetensors, write_text
 from .banks import MemoryBank
-from .fingerprint import check_fingerprint, model_fingerprint
+from .fingerprint import compare_fingerprints, model_fingerprint
 
 __all__ = ["FORMAT_VERSION", "BankSet", "BankSetFormatError"]
 
@@ -95,18 +95,22 @@ class BankSet:
     def check_model(self, model: nn.Module) -> None:
         """Raise if these banks cannot be applied to ``model``."""
         get_adapter(model)
+        self.check_fingerprint(model_fingerprint(model))
+
+    def check_fingerprint(self, actual: dict[str, Any], *, ignore: tuple[str, ...] = ()) -> None:
+        """Raise if these banks cannot be applied to the model with fingerprint ``actual``
+        (:func:`~hf_memory.fingerprint.fingerprint_of`; ``ignore``: keys not compared)."""
         if self.fingerprint is not None:
-            check_fingerprint(self.fingerprint, model, "this bank set")
-        config = model.config
+            compare_fingerprints(self.fingerprint, actual, "this bank set", ignore=ignore)
         for bank in self.banks:
-            expected = (config.num_key_value_heads, head_dim(config))
+            expected = (actual["num_key_value_heads"], actual["head_dim"])
             if (bank.num_kv_heads, bank.head_dim) != expected:
                 raise ValueError(
                     f"bank {bank.name!r} has {bank.num_kv_heads} KV heads of width "
                     f"{bank.head_dim}; the model has {expected[0]} of width {expected[1]}")
-            if max(bank.layers) >= config.num_hidden_layers:
+            if max(bank.layers) >= actual["num_hidden_layers"]:
                 raise ValueError(f"bank {bank.name!r} covers layer {max(bank.layers)}; the model "
-                                 f"has {config.num_hidden_layers} layers")
+                                 f"has {actual['num_hidden_layers']} layers")
 
     def audit(self) -> list[dict[str, Any]]:
         """Name, role, gain and content hash of every bank (what steering records)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .adapters import get_adapter, head_dim
 from .bank_set import BankSet
 from .banks import MemoryBank
-from .mixture import BankStack, PreparedBank, bank_mixture, visible_keys
+from .mixture import BankStack, bank_mixture, visible_keys
+from .site_plan import plan_sites
 
 __all__ = ["SteeringHandle", "steer", "steered_generate"]
 
@@ -93,47 +94,6 @@ def _steered_attention(base_name: str):
 for _base in BASE_IMPLEMENTATIONS:
     AttentionInterface.register(IMPL_PREFIX + _base, _steered_attention(_base))
     AttentionMaskInterface.register(IMPL_PREFIX + _base, ALL_MASK_ATTENTION_FUNCTIONS[_base])
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _prepare(bank: MemoryBank, row: int, rotary: nn.Module, device, dtype) -> PreparedBank:
-    """Scoring keys for one bank at one layer: canonical, or rotated by phase / position.
-
-    The rotary map of the model multiplies queries and keys by its ``attention_scaling`` a, so
-    prompt scores carry a²; bank scores are given the same factor: slots placed at absolute
-    positions meet the post-RoPE query (a) with rotated keys (a); canonical and phase-rotated
-    slots meet the pre-RoPE query, so their keys carry a² themselves.
-    """
-    keys = bank.keys[row].to(device=device, dtype=dtype)
-    values = bank.values[row].to(device=device, dtype=dtype)
-    zero = torch.zeros(1, 1, dtype=torch.long, device=device)
-    scale = rotary(keys, zero)[0][0, 0, 0]  # a, rounded exactly as the model's rotary rounds it
-    offsets = bank.positions if bank.positions is not None else bank.phases
-    if offsets is None:
-        keys = keys * scale**2
-    else:
-        cos, sin = rotary(keys, offsets.to(device=device)[None])
-        keys = keys * cos[0] + _rotate_half(keys) * sin[0]
-        if bank.positions is None:
-            keys = keys * scale
-    return PreparedBank(bank.role, keys, values, bank.gain,
-                        post_rope_query=bank.positions is not None)
-
-
-def _expand_units(units: Iterable[int], unit_type: str, heads: int, kv_heads: int) -> list[int]:
-    units = sorted({int(u) for u in units})
-    limit = heads if unit_type == "head" else kv_heads
-    bad = [u for u in units if not 0 <= u < limit]
-    if bad or not units:
-        raise ValueError(f"{unit_type} units must be indices in [0, {limit}), got {units}")
-    if unit_type == "head":
-        return units
-    group = heads // kv_heads
-    return [g * group + i for g in units for i in range(group)]
 
 
 class SteeringHandle:
@@ -207,49 +167,22 @@ class SteeringHandle:
         bank_set.check_model(self.model)
         return bank_set
 
-    def _site_layers(self, bank_set: BankSet) -> dict[int, list[int]]:
-        layers, units, unit_type, _ = self._requested
-        num_layers = self.model.config.num_hidden_layers
-        covered = sorted({i for bank in bank_set.banks for i in bank.layers})
-        if layers is None and isinstance(units, Mapping):
-            layers = units.keys()
-        chosen = covered if layers is None else sorted({int(i) for i in layers})
-        bad = [i for i in chosen if not 0 <= i < num_layers]
-        if bad:
-            raise ValueError(f"layers must be indices in [0, {num_layers}), got {bad}")
-        all_units = range(self._heads if unit_type == "head" else self._kv_heads)
-        sites = {}
-        for layer in chosen:
-            if isinstance(units, Mapping):
-                layer_units = units.get(layer, units.get(str(layer)))
-                if layer_units is None:
-                    raise ValueError(f"units give no entry for steered layer {layer}")
-            else:
-                layer_units = all_units if units is None else units
-            sites[layer] = _expand_units(layer_units, unit_type, self._heads, self._kv_heads)
-        return sites
-
     def _install(self, bank_set: BankSet, event: str = "activate") -> None:
         self.bank_set = bank_set
-        self.sites = self._site_layers(bank_set)
-        gains = self._requested[3]
+        layers, units, unit_type, gains = self._requested
         gamma, normalize = self._overrides
-        rotary = self.adapter.rotary(self.model)
         parameter = next(self.model.parameters())
-        device = parameter.device
-        dtype = torch.promote_types(parameter.dtype, torch.float32)
-        for layer, heads in self.sites.items():
-            prepared = [_prepare(bank, bank.layer_index(layer), rotary, device, dtype)
-                        for bank in bank_set.banks if bank.layer_index(layer) is not None]
-            rho = float(gains.get(layer, gains.get(str(layer), 1.0)))
-            size_normalize = bank_set.size_normalize if normalize is None else normalize
+        plans = plan_sites(
+            bank_set, config=self.model.config, rotary=self.adapter.rotary(self.model),
+            device=parameter.device, dtype=torch.promote_types(parameter.dtype, torch.float32),
+            layers=layers, units=units, unit_type=unit_type, layer_gains=gains, gamma=gamma,
+            size_normalize=normalize)
+        self.sites = {layer: plan.heads for layer, plan in plans.items()}
+        for layer, plan in plans.items():
             site = SiteState(
-                heads=torch.tensor(heads, device=device, dtype=torch.long),
-                stack=BankStack.of(prepared, rho=rho, size_normalize=size_normalize)
-                if prepared else None,
-                all_heads=len(heads) == self._heads,
-                gamma=bank_set.gamma if gamma is None else float(gamma),
-                size_normalize=size_normalize,
+                heads=torch.tensor(plan.heads, device=parameter.device, dtype=torch.long),
+                stack=plan.stack, all_heads=len(plan.heads) == self._heads,
+                gamma=plan.gamma, size_normalize=plan.size_normalize,
                 record_routing=self._record_routing, trace_only=self._trace_only)
             self._attach(layer, site)
         self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
