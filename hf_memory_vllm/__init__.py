@@ -1,0 +1,40 @@
+"""Memory inception served by stock vLLM: a plugin, not a fork.
+
+Installed with ``pip install hf-memory[vllm]`` (or ``make vllm-env``), it registers through two
+entry points that vLLM loads in every process:
+
+- ``vllm.general_plugins`` → :func:`register`: vLLM's Llama, Qwen2 and Qwen3 classes, subclassed
+  with steering hooks (:mod:`hf_memory_vllm.models`), replace the built-in ones;
+- ``vllm.logits_processors`` → :class:`~hf_memory_vllm.requests.MemorySteeringRequests`, which
+  validates each request's steering arguments and tells the workers which request steers how.
+
+A server steers with the bank sets of a registry (:func:`write_registry`) named by
+``$HF_MEMORY_VLLM_REGISTRY``; each request picks one with :func:`steering_args` in
+``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP) and should carry :func:`cache_salt`
+as its prompt's ``cache_salt``. Without a registry the plugin does nothing.
+"""
+
+from __future__ import annotations
+
+from .registry import (
+    REGISTRY_ENV,
+    Registry,
+    RegistryError,
+    SteeringRequest,
+    cache_salt,
+    parse_request,
+    steering_args,
+    write_registry,
+)
+
+__all__ = ["REGISTRY_ENV", "Registry", "RegistryError", "SteeringRequest", "cache_salt",
+           "parse_request", "register", "steering_args", "write_registry"]
+
+
+def register() -> None:
+    """vLLM general plugin: serve the supported architectures with steering hooks."""
+    from vllm import ModelRegistry
+
+    for architecture in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        ModelRegistry.register_model(
+            architecture, f"hf_memory_vllm.models:Steered{architecture}")

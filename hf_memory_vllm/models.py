@@ -1,0 +1,48 @@
+"""vLLM's own Llama, Qwen2 and Qwen3 classes with memory-inception steering attached.
+
+Each class subclasses vLLM's implementation unchanged and only adds a
+:class:`~hf_memory_vllm.worker.WorkerSteering` (hooks on the layers some registered bank set
+covers; none when no registry is configured) and its weight check after loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+
+from .worker import WorkerSteering
+
+__all__ = ["ARCHITECTURES", "SteeredLlamaForCausalLM", "SteeredQwen2ForCausalLM",
+           "SteeredQwen3ForCausalLM"]
+
+
+class _Steered:
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.memory_steering = WorkerSteering(self, vllm_config)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = super().load_weights(weights)
+        self.memory_steering.bind()
+        return loaded
+
+
+class SteeredLlamaForCausalLM(_Steered, LlamaForCausalLM):
+    """vLLM's ``LlamaForCausalLM`` with memory-inception steering."""
+
+
+class SteeredQwen2ForCausalLM(_Steered, Qwen2ForCausalLM):
+    """vLLM's ``Qwen2ForCausalLM`` with memory-inception steering."""
+
+
+class SteeredQwen3ForCausalLM(_Steered, Qwen3ForCausalLM):
+    """vLLM's ``Qwen3ForCausalLM`` with memory-inception steering."""
+
+
+ARCHITECTURES = {"LlamaForCausalLM": SteeredLlamaForCausalLM,
+                 "Qwen2ForCausalLM": SteeredQwen2ForCausalLM,
+                 "Qwen3ForCausalLM": SteeredQwen3ForCausalLM}

@@ -1,0 +1,347 @@
+"""The steered attention inside a vLLM worker: memory banks added to stock attention layers.
+
+Each worker holds one :class:`WorkerSteering` for its model. At the attention layers some
+registered bank set covers it hooks three places of vLLM's own modules (their code unchanged):
+
+- the query projection (``qkv_proj`` for Llama/Qwen2, ``q_norm`` for Qwen3): a copy of the
+  pre-RoPE query of the steered tokens (vLLM's rotary embedding rotates in place);
+- the attention layer's output: the layer's keys and values are also written to a *shadow
+  cache* indexed by vLLM's own slot mapping (so the history of every request can be read back
+  whatever the attention backend's cache layout), and for every steered request the rows of its
+  tokens at its steered heads are replaced by :func:`hf_memory.mixture.bank_mixture` over the
+  request's full history and its banks: the same function, on the same bank tensors
+  (:func:`hf_memory.site_plan.plan_sites`), that ``steer()`` computes in transformers.
+
+Which request steers with what comes from :mod:`hf_memory_vllm.requests`, the logits processor
+that sees every request's ``extra_args`` as it joins the batch. Requests without steering, and
+layers no steered request uses, run vLLM's attention untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_memory import BankSet, Selector
+from hf_memory.adapters import SUPPORTED_MODEL_TYPES, UnsupportedModelError
+from hf_memory.fingerprint import (
+    FingerprintMismatchError,
+    compare_fingerprints,
+    fingerprint_of,
+    weights_digest,
+)
+from hf_memory.mixture import BankStack, bank_mixture, visible_keys
+from hf_memory.site_plan import SitePlan, plan_sites
+
+from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest
+
+__all__ = ["BATCH", "WorkerSteering"]
+
+logger = logging.getLogger(__name__)
+
+# model_type → the module whose output is the pre-RoPE query ("qkv_proj": its query columns)
+QUERY_SOURCES = {"llama": "qkv_proj", "qwen2": "qkv_proj", "qwen3": "q_norm",
+                 "qwen3_moe": "q_norm"}
+assert set(QUERY_SOURCES) == set(SUPPORTED_MODEL_TYPES)
+
+# persistent-batch index → steering, kept by the logits processor of this worker
+BATCH: dict[int, SteeringRequest] = {}
+
+
+@dataclass
+class _Site:
+    """A plan at one layer, on this worker's shard of heads."""
+
+    heads: torch.Tensor
+    stack: BankStack
+    gamma: float
+    size_normalize: bool
+
+
+@dataclass
+class _Step:
+    """The steered requests of the forward pass in progress."""
+
+    context: Any
+    rows: list[tuple[SteeringRequest, int, int, torch.Tensor]]  # request, row0, row1, slots
+
+
+ROTARY_CLASSES = {"llama": "llama.modeling_llama.LlamaRotaryEmbedding",
+                  "qwen2": "qwen2.modeling_qwen2.Qwen2RotaryEmbedding",
+                  "qwen3": "qwen3.modeling_qwen3.Qwen3RotaryEmbedding",
+                  "qwen3_moe": "qwen3_moe.modeling_qwen3_moe.Qwen3MoeRotaryEmbedding"}
+
+
+def _rotary(hf_config) -> nn.Module:
+    """The transformers rotary embedding of the model family (bank keys are prepared with it,
+    exactly as ``steer()`` prepares them)."""
+    module, name = ROTARY_CLASSES[hf_config.model_type].rsplit(".", 1)
+    return getattr(importlib.import_module(f"transformers.models.{module}"), name)(
+        config=hf_config)
+
+
+class WorkerSteering:
+    """Memory-inception steering for one vLLM model instance (see the module docstring).
+
+    Inert (no hooks at all) when ``$HF_MEMORY_VLLM_REGISTRY`` is unset.
+    """
+
+    def __init__(self, model: nn.Module, vllm_config) -> None:
+        self.registry = Registry.from_env()
+        self.model = model
+        self.block_size = 0
+        self.hf_config = vllm_config.model_config.hf_config
+        self.bank_sets: dict[str, BankSet] = {}
+        self.selectors: dict[str, Selector] = {}
+        self._plans: dict[tuple, dict[int, _Site]] = {}
+        self._shadow: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._queries: dict[int, torch.Tensor] = {}
+        self._step: _Step | None = None
+        if self.registry is None:
+            return
+        model_type = self.hf_config.model_type
+        if model_type not in QUERY_SOURCES:
+            raise UnsupportedModelError(
+                f"hf-memory steering is configured but model_type {model_type!r} has no adapter; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if vllm_config.speculative_config is not None:
+            raise ValueError("hf-memory steering does not run with speculative decoding (vLLM "
+                             "loads no custom logits processors there)")
+        if getattr(vllm_config, "use_v2_model_runner", False):
+            raise ValueError("hf-memory steering needs vLLM's V1 model runner: set "
+                             "VLLM_USE_V2_MODEL_RUNNER=0")
+        from vllm.distributed import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
+
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        config = self.hf_config
+        if config.num_key_value_heads % self.tp_size:
+            raise ValueError(f"hf-memory steering shards banks by KV head: "
+                             f"{config.num_key_value_heads} KV heads over {self.tp_size} ranks")
+        self.heads = config.num_attention_heads // self.tp_size
+        self.kv_heads = config.num_key_value_heads // self.tp_size
+        self.block_size = vllm_config.cache_config.block_size
+        self.layers = self._covered_layers()
+        self._install(model_type)
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _covered_layers(self) -> list[int]:
+        """Every layer some registered bank covers (read from the bank sets' configs)."""
+        covered: set[int] = set()
+        for entry in self.registry.bank_sets.values():
+            config = json.loads((Path(entry["banks"]) / "config.json").read_text())
+            covered.update(i for bank in config["banks"] for i in bank["layers"])
+        return sorted(covered)
+
+    def served_fingerprint(self) -> dict[str, Any]:
+        """The served model's fingerprint, from vLLM's fused weights (key rows of qkv_proj)."""
+        layers = self.model.model.layers
+        first, last = layers[0].self_attn, layers[len(layers) - 1].self_attn
+        digests = []
+        for attention in (first, last):
+            weight = attention.qkv_proj.weight
+            digests.append(weight[attention.q_size:attention.q_size + attention.kv_size])
+        dtype = str(first.qkv_proj.weight.dtype)
+        digest = weights_digest(digests if first is not last else digests[:1])
+        return fingerprint_of(self.hf_config, dtype=dtype, digest=digest)
+
+    def bind(self) -> None:
+        """After the weights are loaded: check them against the registry, load the bank sets."""
+        if self.registry is None:
+            return
+        served = self.served_fingerprint()
+        ignore = FINGERPRINT_IGNORES + (("weights_digest",) if self.tp_size > 1 else ())
+        try:
+            compare_fingerprints(self.registry.model, served, f"the registry {self.registry.path}",
+                                 ignore=ignore)
+        except FingerprintMismatchError as error:
+            raise FingerprintMismatchError(f"{error}: point ${'HF_MEMORY_VLLM_REGISTRY'} at a "
+                                           "registry written for the served model") from None
+        for name, entry in self.registry.bank_sets.items():
+            try:
+                bank_set = BankSet.from_pretrained(entry["banks"])
+                bank_set.check_fingerprint(served, ignore=ignore)
+            except (FingerprintMismatchError, ValueError) as error:
+                logger.warning("hf-memory: bank set %r cannot steer this model and will be "
+                               "refused: %s", name, error)
+                continue
+            self.bank_sets[name] = bank_set
+        logger.info("hf-memory steering: %d bank sets at layers %s", len(self.bank_sets),
+                    self.layers)
+
+    def _selector(self, request: SteeringRequest) -> Selector | None:
+        directory = self.registry.selector_dir(request)
+        if directory is None:
+            return None
+        if directory not in self.selectors:
+            self.selectors[directory] = Selector.from_pretrained(directory)
+        return self.selectors[directory]
+
+    def plan(self, request: SteeringRequest) -> dict[int, _Site]:
+        """The sites of one steering request on this worker's shard (cached)."""
+        if request.key in self._plans:
+            return self._plans[request.key]
+        if request.bank_set not in self.bank_sets:
+            raise KeyError(f"bank set {request.bank_set!r} is not loaded in this worker")
+        selector = self._selector(request)
+        site_args: dict[str, Any] = {}
+        if selector is not None:
+            site_args = {"layers": selector.layers, "units": selector.units,
+                         "unit_type": selector.unit_type, "layer_gains": selector.layer_gains}
+        bank_set = self.bank_sets[request.bank_set]
+        if request.scale != 1.0:
+            base = site_args.get("layer_gains") or {}
+            layers = site_args.get("layers") or sorted(
+                {i for bank in bank_set.banks for i in bank.layers})
+            site_args["layer_gains"] = {layer: request.scale * float(base.get(layer, 1.0))
+                                        for layer in layers}
+        parameter = next(self.model.parameters())
+        plans = plan_sites(bank_set, config=self.hf_config, rotary=_rotary(self.hf_config),
+                           device=parameter.device,
+                           dtype=torch.promote_types(parameter.dtype, torch.float32),
+                           **site_args)
+        sites = {layer: self._shard(plan) for layer, plan in plans.items()
+                 if plan.stack is not None}
+        self._plans[request.key] = sites
+        return sites
+
+    def _shard(self, plan: SitePlan) -> _Site:
+        """This rank's KV heads of the banks and its query heads, renumbered locally."""
+        first_head = self.tp_rank * self.heads
+        heads = [h - first_head for h in plan.heads if first_head <= h < first_head + self.heads]
+        kv = slice(self.tp_rank * self.kv_heads, (self.tp_rank + 1) * self.kv_heads)
+        stack = dataclasses.replace(plan.stack, keys=plan.stack.keys[kv],
+                                    values=plan.stack.values[kv])
+        return _Site(heads=torch.tensor(heads, dtype=torch.long, device=stack.keys.device),
+                     stack=stack, gamma=plan.gamma, size_normalize=plan.size_normalize)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _install(self, model_type: str) -> None:
+        layers = self.model.model.layers
+        source = QUERY_SOURCES[model_type]
+        for index in self.layers:
+            attention = layers[index].self_attn
+            getattr(attention, source).register_forward_hook(
+                lambda _m, _a, out, i=index: self._capture_query(i, out))
+            attention.attn.register_forward_hook(
+                lambda _m, args, out, i=index, a=attention: self._steer(i, a, args, out))
+
+    def _current_step(self, layer_name: str) -> _Step | None:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return None
+        context = get_forward_context()
+        if self._step is not None and self._step.context is context:
+            return self._step
+        metadata = context.attn_metadata
+        if isinstance(metadata, list):
+            metadata = metadata[0]
+        metadata = metadata.get(layer_name) if metadata else None
+        rows = []
+        if metadata is not None and BATCH:
+            starts = metadata.query_start_loc.tolist()
+            lengths = metadata.seq_lens.tolist()
+            mapping = metadata.slot_mapping
+            for index, request in BATCH.items():
+                if index >= len(lengths):
+                    continue
+                if request.bank_set not in self.bank_sets:
+                    raise RuntimeError(f"hf-memory: bank set {request.bank_set!r} was refused "
+                                       "by this worker (see its log) but accepted by the API")
+                positions = torch.arange(lengths[index])
+                blocks = metadata.block_table[index][positions // self.block_size].cpu().long()
+                slots = blocks * self.block_size + positions % self.block_size
+                row0, row1 = starts[index], starts[index + 1]
+                if not torch.equal(slots[len(slots) - (row1 - row0):],
+                                   mapping[row0:row1].cpu().long()):
+                    raise RuntimeError("hf-memory: the block table and slot mapping disagree "
+                                       f"at block size {self.block_size}; this vLLM backend "
+                                       "lays out its cache in a way the plugin does not know")
+                rows.append((request, row0, row1, slots))
+        self._step = _Step(context, rows)
+        self._queries.clear()
+        return self._step
+
+    def _steered(self, layer: int, step: _Step) -> list[tuple[_Site, int, int, torch.Tensor]]:
+        work = []
+        for request, row0, row1, slots in step.rows:
+            site = self.plan(request).get(layer)
+            if site is not None and len(site.heads):
+                work.append((site, row0, row1, slots))
+        return work
+
+    def _capture_query(self, layer: int, output) -> None:
+        attention = self.model.model.layers[layer].self_attn
+        step = self._current_step(attention.attn.layer_name)
+        if step is None or not self._steered(layer, step):
+            return
+        query = output[0] if isinstance(output, tuple) else output
+        if query.dim() == 3:  # q_norm: [T, H, D]
+            query = query.reshape(query.shape[0], -1)
+        self._queries[layer] = query[:, :attention.q_size].clone()
+
+    def _steer(self, layer: int, attention: nn.Module, args, output: torch.Tensor) -> None:
+        step = self._current_step(attention.attn.layer_name)
+        if step is None:
+            return
+        query, key, value = args[:3]
+        head_dim = attention.head_dim
+        metadata = self._metadata(attention.attn.layer_name)
+        if metadata is None:
+            return
+        tokens = metadata.num_actual_tokens
+        shadow_k, shadow_v = self._shadow_cache(layer, attention)
+        slot_mapping = metadata.slot_mapping[:tokens].long()
+        shadow_k[slot_mapping] = key[:tokens].reshape(tokens, self.kv_heads, head_dim)
+        shadow_v[slot_mapping] = value[:tokens].reshape(tokens, self.kv_heads, head_dim)
+        work = self._steered(layer, step)
+        if not work:
+            return
+        q_pre = self._queries.pop(layer)
+        out = output.view(output.shape[0], self.heads, head_dim)
+        post = query.reshape(query.shape[0], self.heads, head_dim)
+        pre = q_pre.view(q_pre.shape[0], self.heads, head_dim)
+        for site, row0, row1, slots in work:
+            keys = shadow_k[slots].permute(1, 0, 2)[None]
+            values = shadow_v[slots].permute(1, 0, 2)[None]
+            q_len = row1 - row0
+            visible = visible_keys(None, q_len, len(slots), keys.device)
+            mixed, _ = bank_mixture(
+                pre[row0:row1].transpose(0, 1)[None], post[row0:row1].transpose(0, 1)[None],
+                keys, values, visible, site.stack, scaling=attention.scaling,
+                gamma=site.gamma, size_normalize=site.size_normalize)
+            out[row0:row1, site.heads] = mixed[0, site.heads].transpose(0, 1).to(out.dtype)
+
+    @staticmethod
+    def _metadata(layer_name: str):
+        from vllm.forward_context import get_forward_context
+
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):
+            metadata = metadata[0]
+        return metadata.get(layer_name) if metadata else None
+
+    def _shadow_cache(self, layer: int, attention: nn.Module):
+        """Keys and values of every cache slot at ``layer`` in the standard layout."""
+        if layer not in self._shadow:
+            cache = attention.attn.kv_cache
+            if isinstance(cache, list | tuple):
+                cache = cache[0]
+            slots = cache.numel() // (2 * self.kv_heads * attention.head_dim)
+            shape = (slots, self.kv_heads, attention.head_dim)
+            self._shadow[layer] = (cache.new_zeros(shape), cache.new_zeros(shape))
+        return self._shadow[layer]
