@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import torch
 from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from .registry import Registry, RegistryError, parse_request
-from .worker import BATCH
+from hf_memory.adapters import UnsupportedModelError
+
+from .registry import REGISTRY_ENV, Registry, RegistryError, parse_request
+from .worker import BATCH, QUERY_SOURCES
 
 __all__ = ["MemorySteeringRequests"]
 
@@ -25,16 +28,25 @@ class MemorySteeringRequests(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        request = parse_request(sampling_params.extra_args)
-        if request is None:
-            return
-        registry = Registry.from_env()
-        if registry is None:
-            raise RegistryError("this server has no memory banks: start it with "
-                                "HF_MEMORY_VLLM_REGISTRY=<registry.json>")
-        registry.validate(request)
+        """In the API process: a bad steering request is refused alone (HTTP 400 when served)."""
+        try:
+            request = parse_request(sampling_params.extra_args)
+            if request is None:
+                return
+            registry = Registry.from_env()
+            if registry is None:
+                raise RegistryError(f"this server has no memory banks: start it with "
+                                    f"{REGISTRY_ENV}=<registry.json>")
+            registry.validate(request)
+        except RegistryError as error:
+            raise VLLMValidationError(str(error), parameter="extra_args") from None
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        model_type = vllm_config.model_config.hf_config.model_type
+        if Registry.from_env() is not None and model_type not in QUERY_SOURCES:
+            raise UnsupportedModelError(
+                f"hf-memory steering is configured (${REGISTRY_ENV}) but the served model_type "
+                f"{model_type!r} has no adapter; supported: {', '.join(QUERY_SOURCES)}")
         BATCH.clear()
 
     def is_argmax_invariant(self) -> bool:

@@ -178,6 +178,7 @@ class WorkerSteering:
                                "refused: %s", name, error)
                 continue
             self.bank_sets[name] = bank_set
+            self.plan(SteeringRequest(name))  # bank keys prepared at start, not at a request
         logger.info("hf-memory steering: %d bank sets at layers %s", len(self.bank_sets),
                     self.layers)
 

@@ -17,8 +17,10 @@ ALLOWED = {
     "hf_memory": {"hub_cards"},  # bank and selector cards
     "hub_cards": {"hf_memory", "modeling"},
     "eval_harness": {"hf_memory", "modeling", "hub_cards"},
+    "hf_memory_vllm": {"hf_memory"},  # the vLLM plugin serves banks, never our own families
 }
-PROJECT = {"modeling", "hf_memory", "hub_cards", "eval_harness", "hf_memory_cli"}
+PROJECT = {"modeling", "hf_memory", "hub_cards", "eval_harness", "hf_memory_cli",
+           "hf_memory_vllm"}
 
 
 def _project_imports(path: Path) -> set[str]:

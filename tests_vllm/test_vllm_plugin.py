@@ -1,0 +1,269 @@
+"""The vLLM plugin against ``steer()``: the same tokens and log-probs, plain, steered and mixed.
+
+Runs in the vLLM environment (``make test-vllm``): tiny random Llama and Qwen3 models built here,
+and the embedded SmolLM2-135M-Instruct with its shipped selectors. Every comparison is greedy
+decoding with per-token log-probs; ``TOLERANCE`` is the float32 gap between vLLM's fused kernels
+and transformers' matmuls that plain (unsteered) decoding already shows (measured ~2e-5 nats).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from vllm import LLM, SamplingParams
+from vllm.exceptions import VLLMValidationError
+from vllm.inputs import TokensPrompt
+
+from hf_memory import BankSet, MemoryBank, steer
+from hf_memory.adapters import UnsupportedModelError
+from hf_memory_vllm import REGISTRY_ENV, cache_salt, steering_args, write_registry
+
+TOLERANCE = 2e-4  # nats, per token
+NEW_TOKENS = 12
+BLOCK = 32  # KV block size of every engine here: prompts of 40+ tokens span blocks
+
+
+@contextlib.contextmanager
+def environment(**values: str):
+    """Set environment variables for one engine's life and restore them after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def engine(model_dir: Path, registry: Path | None, **kwargs):
+    """An in-process vLLM engine on the CPU, float32, eager, small KV cache."""
+    settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if registry is not None:
+        settings[REGISTRY_ENV] = str(registry)
+    with environment(**settings):
+        llm = LLM(str(model_dir), dtype="float32", enforce_eager=True, seed=0,
+                  max_model_len=kwargs.pop("max_model_len", 512), block_size=BLOCK,
+                  kv_cache_memory_bytes=128 << 20, **kwargs)
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+
+
+def hf_greedy(model, prompt: list[int], steering: dict | None = None) -> tuple[list, list]:
+    """Greedy tokens and their log-probs from transformers, steered with ``steer()`` or not."""
+    ids = torch.tensor([prompt])
+    with steer(model, **steering) if steering else contextlib.nullcontext():
+        out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True,
+                             pad_token_id=0)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    assert len(tokens) == NEW_TOKENS  # no end of sequence inside the window
+    logprobs = [torch.log_softmax(s[0].double(), -1)[t].item()
+                for s, t in zip(out.logits, tokens, strict=True)]
+    return tokens, logprobs
+
+
+def vllm_greedy(llm: LLM, prompts: list[list[int]], args: list[dict | None], *,
+                salted: bool = True) -> list[tuple]:
+    requests, params = [], []
+    for prompt, extra in zip(prompts, args, strict=True):
+        request = TokensPrompt(prompt_token_ids=prompt)
+        if extra and salted:
+            request["cache_salt"] = cache_salt(extra)
+        requests.append(request)
+        params.append(SamplingParams(max_tokens=NEW_TOKENS, temperature=0, logprobs=0,
+                                     ignore_eos=True, extra_args=extra))
+    results = []
+    for output in llm.generate(requests, params, use_tqdm=False):
+        sample = output.outputs[0]
+        results.append((list(sample.token_ids),
+                        [step[t].logprob for step, t in zip(sample.logprobs, sample.token_ids,
+                                                            strict=True)]))
+    return results
+
+
+def assert_same(reference: tuple, served: tuple) -> None:
+    assert served[0] == reference[0]
+    gap = max(abs(a - b) for a, b in zip(reference[1], served[1], strict=True))
+    assert gap < TOLERANCE, gap
+
+
+# -- tiny random models -------------------------------------------------------------------------
+
+TINY = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+}
+
+
+def tiny_model(kind: str, directory: Path):
+    config_class, model_class = TINY[kind]
+    config = config_class(vocab_size=384, hidden_size=128, intermediate_size=256,
+                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=32, max_position_embeddings=1024, initializer_range=0.1,
+                          tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                          pad_token_id=None)
+    torch.manual_seed(0)
+    model = model_class(config).float().eval()
+    model.generation_config.eos_token_id = None  # decode the whole window, as vLLM does here
+    model.save_pretrained(directory)
+    return model
+
+
+def random_bank(model, name: str, role: str, seed: int, layers=(0, 2)) -> MemoryBank:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (len(layers), 2, 6, 32)
+    return MemoryBank.from_tensors(torch.randn(shape, generator=generator) * 2,
+                                   torch.randn(shape, generator=generator), name=name, role=role,
+                                   layers=layers, gain=1.5)
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    model = tiny_model(request.param, root / "model")
+    target = BankSet([random_bank(model, "up", "target", 1)], model=model)
+    contrastive = BankSet([random_bank(model, "up", "target", 2),
+                           random_bank(model, "down", "reference", 3, layers=(1, 2))],
+                          model=model)
+    target.save_pretrained(root / "target")
+    contrastive.save_pretrained(root / "contrastive")
+    registry = write_registry(root / "registry.json", model,
+                              {"target": root / "target", "contrastive": root / "contrastive"})
+    return model, root, registry, {"target": target, "contrastive": contrastive}
+
+
+def tiny_prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randint(3, 384, (n,), generator=generator).tolist() for n in (9, 45, 120)]
+
+
+def test_tiny_models_steered_unsteered_and_mixed_match_transformers(tiny):
+    model, root, registry, bank_sets = tiny
+    prompts = tiny_prompts()
+    cases = [(None, None), ("target", None), ("contrastive", None), ("contrastive", 0.5)]
+    expected = {}
+    for name, scale in cases:
+        for i, prompt in enumerate(prompts):
+            steering = None
+            if name is not None:
+                gains = None if scale is None else {layer: scale for layer in range(3)}
+                steering = {"banks": bank_sets[name], "layer_gains": gains}
+            expected[name, scale, i] = hf_greedy(model, prompt, steering)
+    assert expected["target", None, 1][0] != expected[None, None, 1][0]  # the banks steer
+    # chunked prefill: 16-token chunks split the 45- and 120-token prompts over several steps
+    with engine(root / "model", registry, skip_tokenizer_init=True,
+                max_num_batched_tokens=16, max_num_seqs=16) as llm:
+        batch = [(key, prompts[key[2]]) for key in expected]  # every case in one batch
+        served = vllm_greedy(llm, [prompt for _, prompt in batch],
+                             [None if name is None else steering_args(name, scale=scale)
+                              for (name, scale, _), _ in batch])
+        for (key, _), result in zip(batch, served, strict=True):
+            assert_same(expected[key], result)
+
+
+def test_an_unsupported_architecture_is_refused_at_start(tmp_path, tiny):
+    _, _, registry, _ = tiny
+    config = GPT2Config(vocab_size=384, n_embd=128, n_layer=2, n_head=4, n_positions=512)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' has no adapter"):
+        with engine(tmp_path / "gpt2", registry, skip_tokenizer_init=True):
+            pass
+
+
+# -- the embedded model -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    from hf_memory import load_default_model
+    from hf_memory.default_model import ensure_default_model_cached
+    from hf_memory.demo import persona_bank, shipped_selector
+
+    root = tmp_path_factory.mktemp("embedded")
+    model, tokenizer = load_default_model(dtype=torch.float32)
+    artifacts = {}
+    for name, direction, text in (
+            ("anxious", "N+", "I am anxious and I worry about everything."),
+            ("calm", "N-", "I am calm and relaxed, and nothing worries me.")):
+        BankSet([persona_bank(model, tokenizer, text)], model=model).save_pretrained(root / name)
+        shipped_selector(direction, model=model).save_pretrained(root / f"{name}-selector")
+        artifacts[name] = (root / name, root / f"{name}-selector")
+    registry = write_registry(root / "registry.json", model, artifacts)
+    return model, tokenizer, Path(ensure_default_model_cached()), registry, root
+
+
+def chat(tokenizer, text: str) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                         add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"]
+
+
+def test_embedded_model_matches_steer_in_a_mixed_batch(embedded):
+    from hf_memory import BankSet as Banks
+    from hf_memory import Selector
+
+    model, tokenizer, model_dir, registry, root = embedded
+    long_text = " ".join(["Tell me what you expect from the exam next week."] * 12)
+    prompts = [chat(tokenizer, "What are your plans for the weekend?"), chat(tokenizer, long_text)]
+    assert len(prompts[1]) > 4 * BLOCK
+    cases = [None, "anxious", "calm"]
+    expected = {}
+    for name in cases:
+        steering = None
+        if name is not None:
+            steering = {"banks": Banks.from_pretrained(root / name),
+                        "selector": Selector.from_pretrained(root / f"{name}-selector")}
+        for i, prompt in enumerate(prompts):
+            expected[name, i] = hf_greedy(model, prompt, steering)
+    assert expected["anxious", 0][0] != expected[None, 0][0]
+    assert expected["calm", 0][0] != expected[None, 0][0]
+    with engine(model_dir, registry, max_num_batched_tokens=64, max_num_seqs=8) as llm:
+        keys = list(expected)
+        served = vllm_greedy(llm, [prompts[i] for _, i in keys],
+                             [steering_args(name) if name else None for name, _ in keys])
+        for key, result in zip(keys, served, strict=True):
+            assert_same(expected[key], result)
+        # bad requests are refused one by one and the engine goes on serving
+        for bad, message in ((steering_args("excited"), "unknown bank set 'excited'"),
+                             ({"memory_bank_set": "calm", "memory_scale": -1}, "memory_scale"),
+                             ({"memory_bank_set": "calm", "memory_gain": 2}, "unknown steering"),
+                             ({"memory_bank_set": 7}, "must name a registered bank set")):
+            with pytest.raises(VLLMValidationError, match=message):
+                vllm_greedy(llm, [prompts[0]], [bad], salted=False)
+        again = vllm_greedy(llm, [prompts[0]], [steering_args("calm")])[0]
+        assert_same(expected["calm", 0], again)
+
+
+def test_banks_for_another_model_are_refused_per_request(embedded, tiny, tmp_path):
+    _, tokenizer, model_dir, registry, _ = embedded
+    _, tiny_root, _, _ = tiny
+    record = json.loads(Path(registry).read_text())
+    record["bank_sets"]["foreign"] = {"banks": str(tiny_root / "target"), "selector": None}
+    edited = tmp_path / "registry.json"
+    edited.write_text(json.dumps(record))
+    with engine(model_dir, edited) as llm:
+        with pytest.raises(VLLMValidationError, match="'foreign'.*different model"):
+            vllm_greedy(llm, [chat(tokenizer, "Hi")], [steering_args("foreign")])
+        plain = vllm_greedy(llm, [chat(tokenizer, "Hi")], [None])
+        assert len(plain[0][0]) == NEW_TOKENS
