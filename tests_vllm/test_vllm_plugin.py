@@ -28,12 +28,13 @@ from vllm import LLM, SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 
-from hf_memory import BankSet, MemoryBank, steer
+from hf_memory import BankSet, MemoryBank
 from hf_memory.adapters import UnsupportedModelError
 from hf_memory_vllm import REGISTRY_ENV, cache_salt, steering_args, write_registry
 
+from .references import NEW_TOKENS, chat, hf_greedy
+
 TOLERANCE = 2e-4  # nats, per token
-NEW_TOKENS = 12
 BLOCK = 32  # KV block size of every engine here: prompts of 40+ tokens span blocks
 
 
@@ -68,20 +69,6 @@ def engine(model_dir: Path, registry: Path | None, **kwargs):
             llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()
-
-
-def hf_greedy(model, prompt: list[int], steering: dict | None = None) -> tuple[list, list]:
-    """Greedy tokens and their log-probs from transformers, steered with ``steer()`` or not."""
-    ids = torch.tensor([prompt])
-    with steer(model, **steering) if steering else contextlib.nullcontext():
-        out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True,
-                             pad_token_id=0)
-    tokens = out.sequences[0, len(prompt):].tolist()
-    assert len(tokens) == NEW_TOKENS  # no end of sequence inside the window
-    logprobs = [torch.log_softmax(s[0].double(), -1)[t].item()
-                for s, t in zip(out.logits, tokens, strict=True)]
-    return tokens, logprobs
 
 
 def vllm_greedy(llm: LLM, prompts: list[list[int]], args: list[dict | None], *,
@@ -193,31 +180,6 @@ def test_an_unsupported_architecture_is_refused_at_start(tmp_path, tiny):
 
 
 # -- the embedded model -------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def embedded(tmp_path_factory):
-    from hf_memory import load_default_model
-    from hf_memory.default_model import ensure_default_model_cached
-    from hf_memory.demo import persona_bank, shipped_selector
-
-    root = tmp_path_factory.mktemp("embedded")
-    model, tokenizer = load_default_model(dtype=torch.float32)
-    artifacts = {}
-    for name, direction, text in (
-            ("anxious", "N+", "I am anxious and I worry about everything."),
-            ("calm", "N-", "I am calm and relaxed, and nothing worries me.")):
-        BankSet([persona_bank(model, tokenizer, text)], model=model).save_pretrained(root / name)
-        shipped_selector(direction, model=model).save_pretrained(root / f"{name}-selector")
-        artifacts[name] = (root / name, root / f"{name}-selector")
-    registry = write_registry(root / "registry.json", model, artifacts)
-    return model, tokenizer, Path(ensure_default_model_cached()), registry, root
-
-
-def chat(tokenizer, text: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                         add_generation_prompt=True, tokenize=True,
-                                         return_dict=True)["input_ids"]
-
 
 def test_embedded_model_matches_steer_in_a_mixed_batch(embedded):
     from hf_memory import BankSet as Banks
