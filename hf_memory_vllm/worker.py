@@ -115,6 +115,11 @@ class WorkerSteering:
         if vllm_config.speculative_config is not None:
             raise ValueError("hf-memory steering does not run with speculative decoding (vLLM "
                              "loads no custom logits processors there)")
+        from vllm.config import CompilationMode
+
+        if vllm_config.compilation_config.mode != CompilationMode.NONE:
+            raise ValueError("hf-memory steering runs eagerly (its attention hooks branch per "
+                             "request): start vLLM with --enforce-eager")
         if getattr(vllm_config, "use_v2_model_runner", False):
             raise ValueError("hf-memory steering needs vLLM's V1 model runner: set "
                              "VLLM_USE_V2_MODEL_RUNNER=0")

@@ -60,7 +60,8 @@ def engine(model_dir: Path, registry: Path | None, **kwargs):
     if registry is not None:
         settings[REGISTRY_ENV] = str(registry)
     with environment(**settings):
-        llm = LLM(str(model_dir), dtype="float32", enforce_eager=True, seed=0,
+        llm = LLM(str(model_dir), dtype="float32", seed=0,
+                  enforce_eager=kwargs.pop("enforce_eager", True),
                   max_model_len=kwargs.pop("max_model_len", 512), block_size=BLOCK,
                   kv_cache_memory_bytes=128 << 20, **kwargs)
         try:
@@ -176,6 +177,13 @@ def test_an_unsupported_architecture_is_refused_at_start(tmp_path, tiny):
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' has no adapter"):
         with engine(tmp_path / "gpt2", registry, skip_tokenizer_init=True):
+            pass
+
+
+def test_a_compiled_engine_is_refused_at_start(tiny):
+    _, root, registry, _ = tiny
+    with pytest.raises(ValueError, match="start vLLM with --enforce-eager"):
+        with engine(root / "model", registry, skip_tokenizer_init=True, enforce_eager=False):
             pass
 
 
