@@ -1,0 +1,125 @@
+"""Steered vs plain throughput inside vLLM, and steered vLLM vs steered ``generate()``.
+
+Run in the vLLM environment (``make vllm-env``)::
+
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_steering.py [--tokens 64]
+
+One engine (its own process, as ``LLM`` runs by default) serves the embedded SmolLM2-135M-Instruct
+in float32 with the anxious bank set at the shipped N+ selector's sites. For 1, 8 and 16
+concurrent requests it decodes the same prompts plain and steered (every request steered),
+alternating, ``--repeats`` times, and prints the best tokens/s of each and their ratio; then the
+same steered batch through transformers ``generate()`` under ``steer()`` in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+PROMPTS = ["Tell me about your plans for the weekend.", "What do you think about exams?",
+           "Describe a walk in the forest.", "How do you feel before a job interview?"]
+
+
+def build_registry(root: Path):
+    import torch
+
+    from hf_memory import BankSet, load_default_model
+    from hf_memory.demo import persona_bank, shipped_selector
+    from hf_memory_vllm import write_registry
+
+    model, tokenizer = load_default_model(dtype=torch.float32)
+    BankSet([persona_bank(model, tokenizer, "I am anxious and I worry about everything.")],
+            model=model).save_pretrained(root / "anxious")
+    selector = shipped_selector("N+", model=model)
+    selector.save_pretrained(root / "selector")
+    registry = write_registry(root / "registry.json", model,
+                              {"anxious": (root / "anxious", root / "selector")})
+    return model, tokenizer, registry, selector
+
+
+def vllm_rates(registry: Path, model_dir: Path, batches, tokens: int, repeats: int):
+    os.environ["HF_MEMORY_VLLM_REGISTRY"] = str(registry)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from hf_memory_vllm import cache_salt, steering_args
+
+    llm = LLM(str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512,
+              kv_cache_memory_bytes=512 << 20, max_num_seqs=max(batches))
+    tokenizer = llm.get_tokenizer()
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                         add_generation_prompt=True) for p in PROMPTS]
+    results = {}
+    for batch in batches:
+        best = {"plain": 0.0, "steered": 0.0}
+        for _ in range(repeats):
+            for mode in best:
+                extra = steering_args("anxious") if mode == "steered" else None
+                prompts, params = [], []
+                for i in range(batch):
+                    prompt = TokensPrompt(prompt_token_ids=ids[i % len(ids)])
+                    if extra:
+                        prompt["cache_salt"] = cache_salt(extra)
+                    prompts.append(prompt)
+                    params.append(SamplingParams(max_tokens=tokens, temperature=0,
+                                                 ignore_eos=True, extra_args=extra))
+                start = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                best[mode] = max(best[mode], batch * tokens / (time.perf_counter() - start))
+        results[batch] = best
+        print(f"vLLM  batch {batch:2d}: plain {best['plain']:7.1f} tok/s, steered "
+              f"{best['steered']:7.1f} tok/s, ratio {best['steered'] / best['plain']:.2f}",
+              flush=True)
+    llm.llm_engine.engine_core.shutdown()
+    return results
+
+
+def generate_rate(model, tokenizer, selector, root: Path, batch: int, tokens: int) -> float:
+    import torch
+
+    from hf_memory import BankSet, steer
+
+    banks = BankSet.from_pretrained(root / "anxious", model=model)
+    tokenizer.padding_side = "left"
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[i % 4]}],
+                                           tokenize=False, add_generation_prompt=True)
+             for i in range(batch)]
+    inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with steer(model, banks, selector=selector), torch.inference_mode():
+        start = time.perf_counter()
+        model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        return batch * tokens / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batches", default="1,8,16")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+
+    import torch
+
+    from hf_memory.default_model import ensure_default_model_cached
+
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; {args.tokens} new tokens per request")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model, tokenizer, registry, selector = build_registry(root)
+        rates = vllm_rates(registry, Path(ensure_default_model_cached()), batches, args.tokens,
+                           args.repeats)
+        for batch in batches:
+            rate = generate_rate(model, tokenizer, selector, root, batch, args.tokens)
+            steered = rates[batch]["steered"]
+            print(f"steered batch {batch:2d}: vLLM {steered:7.1f} tok/s, generate() "
+                  f"{rate:7.1f} tok/s, vLLM/generate() {steered / rate:.1f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
