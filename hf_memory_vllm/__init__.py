@@ -3,8 +3,9 @@
 Installed with ``pip install hf-memory[vllm]`` (or ``make vllm-env``), it registers through two
 entry points that vLLM loads in every process:
 
-- ``vllm.general_plugins`` → :func:`register`: vLLM's Llama, Qwen2 and Qwen3 classes, subclassed
-  with steering hooks (:mod:`hf_memory_vllm.models`), replace the built-in ones;
+- ``vllm.general_plugins`` → :func:`register`: vLLM's Llama, Qwen2, Qwen3 and Qwen3-MoE
+  classes, subclassed with steering hooks (:mod:`hf_memory_vllm.models`), replace the built-in
+  ones;
 - ``vllm.logits_processors`` → :class:`~hf_memory_vllm.requests.MemorySteeringRequests`, which
   validates each request's steering arguments and tells the workers which request steers how.
 
@@ -35,6 +36,7 @@ def register() -> None:
     """vLLM general plugin: serve the supported architectures with steering hooks."""
     from vllm import ModelRegistry
 
-    for architecture in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for architecture in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                         "Qwen3MoeForCausalLM"):
         ModelRegistry.register_model(
             architecture, f"hf_memory_vllm.models:Steered{architecture}")

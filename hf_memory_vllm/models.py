@@ -1,4 +1,4 @@
-"""vLLM's own Llama, Qwen2 and Qwen3 classes with memory-inception steering attached.
+"""vLLM's own Llama, Qwen2, Qwen3 and Qwen3-MoE classes with memory-inception steering attached.
 
 Each class subclasses vLLM's implementation unchanged and only adds a
 :class:`~hf_memory_vllm.worker.WorkerSteering` (hooks on the layers some registered bank set
@@ -13,11 +13,12 @@ import torch
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 
 from .worker import WorkerSteering
 
 __all__ = ["ARCHITECTURES", "SteeredLlamaForCausalLM", "SteeredQwen2ForCausalLM",
-           "SteeredQwen3ForCausalLM"]
+           "SteeredQwen3ForCausalLM", "SteeredQwen3MoeForCausalLM"]
 
 
 class _Steered:
@@ -43,6 +44,11 @@ class SteeredQwen3ForCausalLM(_Steered, Qwen3ForCausalLM):
     """vLLM's ``Qwen3ForCausalLM`` with memory-inception steering."""
 
 
+class SteeredQwen3MoeForCausalLM(_Steered, Qwen3MoeForCausalLM):
+    """vLLM's ``Qwen3MoeForCausalLM`` with memory-inception steering."""
+
+
 ARCHITECTURES = {"LlamaForCausalLM": SteeredLlamaForCausalLM,
                  "Qwen2ForCausalLM": SteeredQwen2ForCausalLM,
-                 "Qwen3ForCausalLM": SteeredQwen3ForCausalLM}
+                 "Qwen3ForCausalLM": SteeredQwen3ForCausalLM,
+                 "Qwen3MoeForCausalLM": SteeredQwen3MoeForCausalLM}

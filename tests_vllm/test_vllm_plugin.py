@@ -21,8 +21,12 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 from vllm import LLM, SamplingParams
 from vllm.exceptions import VLLMValidationError
@@ -100,14 +104,18 @@ def assert_same(reference: tuple, served: tuple) -> None:
 # -- tiny random models -------------------------------------------------------------------------
 
 TINY = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {}),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                  {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                   "decoder_sparse_step": 1, "mlp_only_layers": []}),
 }
 
 
 def tiny_model(kind: str, directory: Path):
-    config_class, model_class = TINY[kind]
-    config = config_class(vocab_size=384, hidden_size=128, intermediate_size=256,
+    config_class, model_class, extra = TINY[kind]
+    config = config_class(**extra, vocab_size=384, hidden_size=128, intermediate_size=256,
                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=32, max_position_embeddings=1024, initializer_range=0.1,
                           tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
@@ -171,8 +179,8 @@ def test_tiny_models_steered_unsteered_and_mixed_match_transformers(tiny):
             assert_same(expected[key], result)
 
 
-def test_an_unsupported_architecture_is_refused_at_start(tmp_path, tiny):
-    _, _, registry, _ = tiny
+def test_an_unsupported_architecture_is_refused_at_start(tmp_path, embedded):
+    registry = embedded[3]
     config = GPT2Config(vocab_size=384, n_embd=128, n_layer=2, n_head=4, n_positions=512)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' has no adapter"):
@@ -180,10 +188,10 @@ def test_an_unsupported_architecture_is_refused_at_start(tmp_path, tiny):
             pass
 
 
-def test_a_compiled_engine_is_refused_at_start(tiny):
-    _, root, registry, _ = tiny
+def test_a_compiled_engine_is_refused_at_start(embedded):
+    _, _, model_dir, registry, _ = embedded
     with pytest.raises(ValueError, match="start vLLM with --enforce-eager"):
-        with engine(root / "model", registry, skip_tokenizer_init=True, enforce_eager=False):
+        with engine(model_dir, registry, enforce_eager=False):
             pass
 
 
@@ -225,11 +233,12 @@ def test_embedded_model_matches_steer_in_a_mixed_batch(embedded):
         assert_same(expected["calm", 0], again)
 
 
-def test_banks_for_another_model_are_refused_per_request(embedded, tiny, tmp_path):
+def test_banks_for_another_model_are_refused_per_request(embedded, tmp_path):
     _, tokenizer, model_dir, registry, _ = embedded
-    _, tiny_root, _, _ = tiny
+    tiny = tiny_model("llama", tmp_path / "tiny")
+    BankSet([random_bank(tiny, "up", "target", 1)], model=tiny).save_pretrained(tmp_path / "up")
     record = json.loads(Path(registry).read_text())
-    record["bank_sets"]["foreign"] = {"banks": str(tiny_root / "target"), "selector": None}
+    record["bank_sets"]["foreign"] = {"banks": str(tmp_path / "up"), "selector": None}
     edited = tmp_path / "registry.json"
     edited.write_text(json.dumps(record))
     with engine(model_dir, edited) as llm:
