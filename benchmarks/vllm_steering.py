@@ -4,11 +4,12 @@ Run in the vLLM environment (``make vllm-env``)::
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_steering.py [--tokens 64]
 
-One engine (its own process, as ``LLM`` runs by default) serves the embedded SmolLM2-135M-Instruct
-in float32 with the anxious bank set at the shipped N+ selector's sites. For 1, 8 and 16
-concurrent requests it decodes the same prompts plain and steered (every request steered),
-alternating, ``--repeats`` times, and prints the best tokens/s of each and their ratio; then the
-same steered batch through transformers ``generate()`` under ``steer()`` in this process.
+Two engines in turn (each in its own process, as ``LLM`` runs by default) serve the embedded
+SmolLM2-135M-Instruct in float32: stock vLLM (the plugin installed, no registry: it does
+nothing), then vLLM with a registry holding the anxious bank set at the shipped N+ selector's
+sites. For 1, 8 and 16 concurrent requests each decodes the same prompts (``--repeats`` times,
+best tokens/s kept): the stock engine plain, the plugin engine plain and steered (every request
+steered); then the same steered batch through transformers ``generate()`` under ``steer()``.
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ def build_registry(root: Path):
     return model, tokenizer, registry, selector
 
 
-def vllm_rates(registry: Path, model_dir: Path, batches, tokens: int, repeats: int):
-    os.environ["HF_MEMORY_VLLM_REGISTRY"] = str(registry)
+def vllm_rates(registry: Path | None, model_dir: Path, batches, tokens: int, repeats: int,
+               modes=("plain", "steered")):
+    """Best tokens/s per batch size and mode, from one engine (stock when ``registry`` is None)."""
+    if registry is None:
+        os.environ.pop("HF_MEMORY_VLLM_REGISTRY", None)
+    else:
+        os.environ["HF_MEMORY_VLLM_REGISTRY"] = str(registry)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -52,10 +58,11 @@ def vllm_rates(registry: Path, model_dir: Path, batches, tokens: int, repeats: i
               kv_cache_memory_bytes=512 << 20, max_num_seqs=max(batches))
     tokenizer = llm.get_tokenizer()
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
-                                         add_generation_prompt=True) for p in PROMPTS]
+                                         add_generation_prompt=True,
+                                         return_dict=True)["input_ids"] for p in PROMPTS]
     results = {}
     for batch in batches:
-        best = {"plain": 0.0, "steered": 0.0}
+        best = dict.fromkeys(modes, 0.0)
         for _ in range(repeats):
             for mode in best:
                 extra = steering_args("anxious") if mode == "steered" else None
@@ -71,9 +78,6 @@ def vllm_rates(registry: Path, model_dir: Path, batches, tokens: int, repeats: i
                 llm.generate(prompts, params, use_tqdm=False)
                 best[mode] = max(best[mode], batch * tokens / (time.perf_counter() - start))
         results[batch] = best
-        print(f"vLLM  batch {batch:2d}: plain {best['plain']:7.1f} tok/s, steered "
-              f"{best['steered']:7.1f} tok/s, ratio {best['steered'] / best['plain']:.2f}",
-              flush=True)
     llm.llm_engine.engine_core.shutdown()
     return results
 
@@ -112,8 +116,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, tokenizer, registry, selector = build_registry(root)
-        rates = vllm_rates(registry, Path(ensure_default_model_cached()), batches, args.tokens,
-                           args.repeats)
+        model_dir = Path(ensure_default_model_cached())
+        stock = vllm_rates(None, model_dir, batches, args.tokens, args.repeats, ("plain",))
+        rates = vllm_rates(registry, model_dir, batches, args.tokens, args.repeats)
+        for batch in batches:
+            plain, steered = stock[batch]["plain"], rates[batch]["steered"]
+            print(f"vLLM  batch {batch:2d}: stock {plain:6.1f} tok/s; with the plugin: plain "
+                  f"{rates[batch]['plain']:6.1f}, steered {steered:6.1f} tok/s; steered/stock "
+                  f"{steered / plain:.2f}", flush=True)
         for batch in batches:
             rate = generate_rate(model, tokenizer, selector, root, batch, args.tokens)
             steered = rates[batch]["steered"]

@@ -5,9 +5,9 @@ registered bank set covers it hooks three places of vLLM's own modules (their co
 
 - the query projection (``qkv_proj`` for Llama/Qwen2, ``q_norm`` for Qwen3): a copy of the
   pre-RoPE query of the steered tokens (vLLM's rotary embedding rotates in place);
-- the attention layer's output: the layer's keys and values are also written to a *shadow
-  cache* indexed by vLLM's own slot mapping (so the history of every request can be read back
-  whatever the attention backend's cache layout), and for every steered request the rows of its
+- the attention layer's output: the steered requests' keys and values are also written to a
+  *shadow cache* indexed by vLLM's own slot mapping (so their history can be read back whatever
+  the attention backend's cache layout), and for every steered request the rows of its
   tokens at its steered heads are replaced by :func:`hf_memory.mixture.bank_mixture` over the
   request's full history and its banks: the same function, on the same bank tensors
   (:func:`hf_memory.site_plan.plan_sites`), that ``steer()`` computes in transformers.
@@ -68,10 +68,11 @@ class _Site:
 
 @dataclass
 class _Step:
-    """The steered requests of the forward pass in progress."""
+    """The forward pass in progress: per layer, its steered requests' (site, first row, end row,
+    cache slots of the whole history)."""
 
     context: Any
-    rows: list[tuple[SteeringRequest, int, int, torch.Tensor]]  # request, row0, row1, slots
+    work: dict[int, list[tuple[_Site, int, int, torch.Tensor]]]
 
 
 ROTARY_CLASSES = {"llama": "llama.modeling_llama.LlamaRotaryEmbedding",
@@ -278,22 +279,19 @@ class WorkerSteering:
                                        f"at block size {self.block_size}; this vLLM backend "
                                        "lays out its cache in a way the plugin does not know")
                 rows.append((request, row0, row1, slots))
-        self._step = _Step(context, rows)
+        work: dict[int, list[tuple[_Site, int, int, torch.Tensor]]] = {}
+        for request, row0, row1, slots in rows:
+            for layer, site in self.plan(request).items():
+                if len(site.heads):
+                    work.setdefault(layer, []).append((site, row0, row1, slots))
+        self._step = _Step(context, work)
         self._queries.clear()
         return self._step
-
-    def _steered(self, layer: int, step: _Step) -> list[tuple[_Site, int, int, torch.Tensor]]:
-        work = []
-        for request, row0, row1, slots in step.rows:
-            site = self.plan(request).get(layer)
-            if site is not None and len(site.heads):
-                work.append((site, row0, row1, slots))
-        return work
 
     def _capture_query(self, layer: int, output) -> None:
         attention = self.model.model.layers[layer].self_attn
         step = self._current_step(attention.attn.layer_name)
-        if step is None or not self._steered(layer, step):
+        if step is None or not step.work.get(layer):
             return
         query = output[0] if isinstance(output, tuple) else output
         if query.dim() == 3:  # q_norm: [T, H, D]
@@ -304,42 +302,61 @@ class WorkerSteering:
         step = self._current_step(attention.attn.layer_name)
         if step is None:
             return
-        query, key, value = args[:3]
-        head_dim = attention.head_dim
-        metadata = self._metadata(attention.attn.layer_name)
-        if metadata is None:
-            return
-        tokens = metadata.num_actual_tokens
-        shadow_k, shadow_v = self._shadow_cache(layer, attention)
-        slot_mapping = metadata.slot_mapping[:tokens].long()
-        shadow_k[slot_mapping] = key[:tokens].reshape(tokens, self.kv_heads, head_dim)
-        shadow_v[slot_mapping] = value[:tokens].reshape(tokens, self.kv_heads, head_dim)
-        work = self._steered(layer, step)
+        work = step.work.get(layer)
         if not work:
             return
+        query, key, value = args[:3]
+        head_dim = attention.head_dim
+        # only steered requests read the shadow cache, and their prefix-cache blocks are salted
+        # per steering, so only their tokens are written (plain batches pay nothing here)
+        rows = torch.cat([torch.arange(row0, row1) for _, row0, row1, _ in work])
+        slots = torch.cat([slots[len(slots) - (row1 - row0):] for _, row0, row1, slots in work])
+        shadow_k, shadow_v = self._shadow_cache(layer, attention)
+        shadow_k[slots] = key[rows].reshape(len(rows), self.kv_heads, head_dim)
+        shadow_v[slots] = value[rows].reshape(len(rows), self.kv_heads, head_dim)
         q_pre = self._queries.pop(layer)
         out = output.view(output.shape[0], self.heads, head_dim)
         post = query.reshape(query.shape[0], self.heads, head_dim)
         pre = q_pre.view(q_pre.shape[0], self.heads, head_dim)
-        for site, row0, row1, slots in work:
-            keys = shadow_k[slots].permute(1, 0, 2)[None]
-            values = shadow_v[slots].permute(1, 0, 2)[None]
-            q_len = row1 - row0
-            visible = visible_keys(None, q_len, len(slots), keys.device)
-            mixed, _ = bank_mixture(
-                pre[row0:row1].transpose(0, 1)[None], post[row0:row1].transpose(0, 1)[None],
-                keys, values, visible, site.stack, scaling=attention.scaling,
-                gamma=site.gamma, size_normalize=site.size_normalize)
+        decoding: dict[int, list[tuple[_Site, int, int, torch.Tensor]]] = {}
+        for item in work:
+            site, row0, row1, slots = item
+            if row1 - row0 == 1:  # one new token: batched below with the same site's others
+                decoding.setdefault(id(site), []).append(item)
+                continue
+            mixed = self._mixture(site, pre[row0:row1].transpose(0, 1)[None],
+                                  post[row0:row1].transpose(0, 1)[None], shadow_k[slots][None],
+                                  shadow_v[slots][None], visible_keys(None, row1 - row0,
+                                                                      len(slots), out.device),
+                                  attention.scaling)
             out[row0:row1, site.heads] = mixed[0, site.heads].transpose(0, 1).to(out.dtype)
+        for items in decoding.values():
+            self._decode(items, pre, post, out, shadow_k, shadow_v, attention.scaling)
+
+    def _decode(self, items, pre, post, out, shadow_k, shadow_v, scaling: float) -> None:
+        """One mixture for the single-token rows of requests at the same site: histories are
+        padded to the longest and the padding masked (``visible``), which the mixture's
+        size normalisation counts out."""
+        site = items[0][0]
+        rows = torch.tensor([row0 for _, row0, _, _ in items], device=out.device)
+        lengths = torch.tensor([len(slots) for *_, slots in items])
+        padded = torch.zeros(len(items), int(lengths.max()), dtype=torch.long)
+        for i, (*_, slots) in enumerate(items):
+            padded[i, :len(slots)] = slots
+        visible = (torch.arange(padded.shape[1]) < lengths[:, None])[:, None, None]
+        mixed = self._mixture(site, pre[rows][:, :, None], post[rows][:, :, None],
+                              shadow_k[padded], shadow_v[padded], visible.to(out.device),
+                              scaling)
+        out[rows[:, None], site.heads] = mixed[:, site.heads, 0].to(out.dtype)
 
     @staticmethod
-    def _metadata(layer_name: str):
-        from vllm.forward_context import get_forward_context
-
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, list):
-            metadata = metadata[0]
-        return metadata.get(layer_name) if metadata else None
+    def _mixture(site: _Site, q_pre, q_post, keys, values, visible, scaling: float):
+        """:func:`bank_mixture` on queries ``[B, H, T, D]`` and cached ``[B, S, KVH, D]``."""
+        mixed, _ = bank_mixture(q_pre, q_post, keys.permute(0, 2, 1, 3),
+                                values.permute(0, 2, 1, 3), visible, site.stack,
+                                scaling=scaling, gamma=site.gamma,
+                                size_normalize=site.size_normalize)
+        return mixed
 
     def _shadow_cache(self, layer: int, attention: nn.Module):
         """Keys and values of every cache slot at ``layer`` in the standard layout."""
