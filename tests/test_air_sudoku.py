@@ -229,8 +229,9 @@ def test_csv_loader(tmp_path):
         lines.append(f"src{k},{question},{''.join(map(str, solution))},{k + 3}")
     (tmp_path / "test.csv").write_text("\n".join(lines) + "\n")
     ds = load_sudoku_extreme_csv(tmp_path, split="test")
-    assert ds.column_names == ["inputs", "labels", "puzzle_identifiers", "rating", "givens", "size"]
-    assert ds["rating"] == [3.0, 4.0] and ds["size"] == [9, 9]
+    assert ds.column_names == ["inputs", "labels", "puzzle_identifiers", "rating", "givens", "size",
+                               "group"]
+    assert ds["rating"] == [3.0, 4.0] and ds["size"] == [9, 9] and ds["group"] == [0, 1]
     assert ds["puzzle_identifiers"] == [0, 0]
     for row, (puzzle, solution) in zip(ds, pairs, strict=True):
         assert row["inputs"] == (puzzle.astype(int) + 1).tolist()

@@ -17,6 +17,7 @@ from .maze_air import (
 )
 from .modeling_air import AIRCarry, AIROutput, AIRSolution, AIRSolver
 from .optim_air import EMA, AdamATan2, make_scheduler
+from .puzzle_folders import PuzzleFolderError, load_puzzle_folder
 from .sudoku_air import (
     SudokuSpec,
     load_sudoku_extreme_csv,
@@ -36,8 +37,10 @@ __all__ = [
     "AIRSolution",
     "AIRSolver",
     "AdamATan2",
+    "PuzzleFolderError",
     "SudokuSpec",
     "load_maze_csv",
+    "load_puzzle_folder",
     "load_sudoku_extreme_csv",
     "make_scheduler",
     "maze_dataset",

@@ -45,7 +45,7 @@ PAD = 0
 BLANK = 1
 SIZES = (4, 6, 9)
 _BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
-_COLUMNS = ("inputs", "labels", "puzzle_identifiers", "rating", "givens", "size")
+_COLUMNS = ("inputs", "labels", "puzzle_identifiers", "rating", "givens", "size", "group")
 
 
 def sudoku_vocab_size(n: int) -> int:
@@ -317,7 +317,7 @@ def split_of(puzzle: np.ndarray, spec: SudokuSpec, test_fraction: float = 0.5) -
     return "test" if value < test_fraction else "train"
 
 
-def _rows(puzzle: np.ndarray, solution: np.ndarray, rating: float, n: int) -> dict:
+def _rows(puzzle: np.ndarray, solution: np.ndarray, rating: float, n: int, group: int) -> dict:
     return {
         "inputs": (np.asarray(puzzle, dtype=np.int64) + 1).tolist(),
         "labels": (np.asarray(solution, dtype=np.int64) + 1).tolist(),
@@ -325,6 +325,7 @@ def _rows(puzzle: np.ndarray, solution: np.ndarray, rating: float, n: int) -> di
         "rating": float(rating),
         "givens": int(np.count_nonzero(puzzle)),
         "size": n,
+        "group": group,
     }
 
 
@@ -339,6 +340,7 @@ def _features():
         rating=datasets.Value("float64"),
         givens=datasets.Value("int64"),
         size=datasets.Value("int64"),
+        group=datasets.Value("int64"),
     )
 
 
@@ -353,6 +355,7 @@ def sudoku_dataset(
     test_fraction: float = 0.5,
     rating_isomorphs: int = 8,
     max_attempts: int | None = None,
+    min_rating: float | None = None,
 ):
     """A ``datasets.Dataset`` of generated minimal puzzles, deterministic in its arguments.
 
@@ -364,9 +367,11 @@ def sudoku_dataset(
     Sudoku-Extreme's profile (~27% easy, ~73% hard), on :func:`rate`'s scale, not theirs (at the
     default threshold about three quarters of random minimal 9x9 puzzles are hard). Each
     puzzle is followed by ``augmentations_per_puzzle`` random isomorphs (same rating).
+    ``min_rating`` keeps only puzzles rated at least that (the authors' ``min_difficulty``).
 
     Columns: ``inputs`` / ``labels`` (``n * n`` tokens; BLANK for empty cells), ``rating``,
-    ``givens``, ``size``, ``puzzle_identifiers`` (0). Raises ``RuntimeError`` after
+    ``givens``, ``size``, ``puzzle_identifiers`` (0), ``group`` (the base puzzle of a row and
+    its augmentations). Raises ``RuntimeError`` after
     ``max_attempts`` draws (default ``1000 + 200 * num_puzzles``).
     """
     import datasets
@@ -402,6 +407,8 @@ def sudoku_dataset(
             if split_of(puzzle, spec, test_fraction) != split:
                 continue
             rating = rate(puzzle, spec, rating_isomorphs, int(seeds[1]))
+            if min_rating is not None and rating < min_rating:
+                continue
             bucket = None if hard_fraction is None else rating >= rating_threshold
             if quota[bucket] > 0:
                 quota[bucket] -= 1
@@ -409,11 +416,11 @@ def sudoku_dataset(
                 bar.update()
     order = np.random.default_rng([seed, size]).permutation(len(kept))
     rows = []
-    for k, puzzle, solution, rating in (kept[i] for i in order):
-        rows.append(_rows(puzzle, solution, rating, size))
+    for group, (k, puzzle, solution, rating) in enumerate(kept[i] for i in order):
+        rows.append(_rows(puzzle, solution, rating, size, group))
         rng = np.random.default_rng([seed, size, k, 1])
         for _ in range(augmentations_per_puzzle):
-            rows.append(_rows(*augment(puzzle, solution, spec, rng), rating, size))
+            rows.append(_rows(*augment(puzzle, solution, spec, rng), rating, size, group))
     columns = {name: [row[name] for row in rows] for name in _COLUMNS}
     return datasets.Dataset.from_dict(columns, features=_features())
 
@@ -504,6 +511,6 @@ def load_sudoku_extreme_csv(path_or_dir: str | os.PathLike, split: str = "train"
             solution = np.frombuffer(answer.encode(), dtype=np.uint8) - ord("0")
             if np.any((puzzle > 0) & (puzzle != solution)):
                 raise ValueError(f"{path}:{line}: a given disagrees with the answer")
-            rows.append(_rows(puzzle, solution, float(record["rating"]), 9))
+            rows.append(_rows(puzzle, solution, float(record["rating"]), 9, len(rows)))
     columns = {name: [row[name] for row in rows] for name in _COLUMNS}
     return datasets.Dataset.from_dict(columns, features=_features())

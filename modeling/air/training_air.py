@@ -36,6 +36,7 @@ __all__ = ["AIRTrainConfig", "evaluate_air", "train_air"]
 
 TASKS = ("sudoku", "maze")
 _COLUMNS = ("inputs", "labels", "puzzle_identifiers")
+SAMPLINGS = ("example", "group")
 
 
 @dataclass
@@ -45,6 +46,9 @@ class AIRTrainConfig:
     ``lr_min_ratio`` < 1 adds a cosine decay after warmup (1.0: constant). ``ema_decay`` None
     disables the EMA; otherwise evaluation uses the averaged weights. ``threads``: torch intra-op
     threads (None leaves torch's default). ``eval_every`` = 0 evaluates only at the end.
+    ``sampling``: ``"example"`` draws every row once per epoch; ``"group"`` draws one row of
+    each ``group`` (one augmented copy per base puzzle) per epoch, as the authors' sampler does
+    (the dataset needs a ``group`` column: :func:`load_puzzle_folder`, :func:`sudoku_dataset`).
     """
 
     task: str = "sudoku"
@@ -66,10 +70,14 @@ class AIRTrainConfig:
     mixed_precision: str = "no"
     cpu: bool = False
     progress: bool = True
+    sampling: str = "example"
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"AIRTrainConfig.task must be one of {TASKS}, got {self.task!r}")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"AIRTrainConfig.sampling must be one of {SAMPLINGS}, got "
+                             f"{self.sampling!r}")
         for name in ("steps", "batch_size", "eval_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -157,6 +165,28 @@ def _batches(count: int, batch_size: int, generator: torch.Generator):
             yield order[start:start + batch_size]
 
 
+def _group_batches(groups: torch.Tensor, batch_size: int, generator: torch.Generator):
+    """Endless epochs that draw one random row of every group, in a shuffled group order, cut
+    into batches (the last partial batch of an epoch is dropped unless there are fewer groups
+    than a batch, which are then drawn with replacement)."""
+    labels, group_of_row = torch.unique(groups, return_inverse=True)
+    order = torch.argsort(group_of_row, stable=True)
+    sizes = torch.bincount(group_of_row, minlength=len(labels))
+    starts = torch.cumsum(sizes, 0) - sizes
+
+    def pick(chosen: torch.Tensor) -> torch.Tensor:
+        offsets = (torch.rand(len(chosen), generator=generator) * sizes[chosen]).long()
+        return order[starts[chosen] + offsets]
+
+    while True:
+        if len(labels) < batch_size:
+            yield pick(torch.randint(0, len(labels), (batch_size,), generator=generator))
+            continue
+        rows = pick(torch.randperm(len(labels), generator=generator))
+        for start in range(0, len(rows) - batch_size + 1, batch_size):
+            yield rows[start:start + batch_size]
+
+
 def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
               config: AIRTrainConfig | None = None, out: str | os.PathLike | None = None,
               card: Callable[[dict[str, Any], str], str] | None = None) -> dict[str, Any]:
@@ -204,7 +234,14 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
                           config.eval_max_segments)
 
     generator = torch.Generator().manual_seed(config.seed)
-    batches = _batches(data["inputs"].shape[0], config.batch_size, generator)
+    if config.sampling == "group":
+        if "group" not in train_dataset.column_names:
+            raise ValueError("sampling='group' needs a 'group' column (load_puzzle_folder and "
+                             "sudoku_dataset give one)")
+        batches = _group_batches(torch.as_tensor(train_dataset["group"]), config.batch_size,
+                                 generator)
+    else:
+        batches = _batches(data["inputs"].shape[0], config.batch_size, generator)
     carry = None
     running: dict[str, float] = {}
     since = 0
