@@ -145,8 +145,6 @@ class SteeringHandle:
             selector.check_model(model)
             layers, units = selector.layers, selector.units
             unit_type, layer_gains = selector.unit_type, selector.layer_gains
-        if unit_type not in ("head", "kv_group"):
-            raise ValueError(f"unit_type must be 'head' or 'kv_group', got {unit_type!r}")
         self._requested = (layers, units, unit_type, dict(layer_gains or {}))
         self._overrides = (gamma, size_normalize)
         self._trace_only = trace_only
