@@ -10,6 +10,7 @@ __all__ = ["ASMConfig"]
 
 WRITE_KEY_POSITIONS = ("none", "rotary")
 SCAN_BACKENDS = ("auto", "torch", "triton")
+CONTENT_GAINS = ("sigmoid", "softplus_clamp")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -41,6 +42,11 @@ def _check_bool(name: str, value: Any) -> None:
 class ASMConfig(PretrainedConfig):
     """Sizes and switches of an ASM language model (defaults: the paper's ASM-57M).
 
+    Fidelity options: the defaults follow the paper's formulas as written. The paper's ASM-57M
+    was trained with the authors' public code, which differs in two places; its numbers (and
+    its weights, converted) need ``content_gain="softplus_clamp"`` and ``slot_space_rope=True``.
+    See the "Fidelity options" section of README.md.
+
     Args:
         vocab_size: token vocabulary (GPT-2's 50257).
         hidden_size: ``d_model`` (384); a multiple of ``num_attention_heads``.
@@ -61,10 +67,24 @@ class ASMConfig(PretrainedConfig):
             rotation, half-split layout).
         rope_theta: base of the rotary frequencies.
         use_content_read: add ``gamma * <q_t, slot_s(t)> / sqrt(d)`` to the read logits.
-        content_read_init: initial raw ``gamma``; ``gamma = max_gamma * sigmoid(raw)``.
+        content_read_init: initial raw ``gamma`` (see ``content_gain``).
         content_read_max_gamma: bound of ``gamma``.
+        content_gain: how ``gamma`` follows from its raw parameter: ``"sigmoid"`` (the paper's
+            formula, ``gamma = max_gamma * sigmoid(raw)``, in ``(0, max_gamma)``) or
+            ``"softplus_clamp"`` (the authors' public code, ``gamma = min(softplus(raw),
+            max_gamma)``: no gradient to ``raw`` once clamped; the same ``content_read_init``
+            gives a different initial ``gamma``). A fidelity option, see README.md.
         use_slot_space_refinement: the second-order refinement ``Delta`` on/off.
         refinement_gate_init: initial raw gate; ``g = softplus(raw)``.
+        slot_space_rope: rotate the slot-space queries and keys ``W_q u_t``, ``W_k u_t`` (not
+            the values) by each token's position before ``phi = elu + 1``, as the authors'
+            public code does (the paper does not mention it). A true rotation, half-split
+            layout, at the same position ids as the write keys (real tokens counted from 0 in
+            each row). The authors' ``_rotate_half`` pairs interleaved coordinates with
+            half-split frequencies, which is not a rotation, and counts positions including
+            padding; we read its intent as a true rotary map (a documented guess). Needs an
+            even ``slot_space_dim``. A fidelity option, see README.md.
+        slot_space_rope_theta: base of the slot-space rotary frequencies (the authors' 100000).
         chunk_size: positions per chunk of the chunk-parallel scan (any value gives the same
             result up to rounding).
         scan_backend: ``"auto"`` (Triton on CUDA, else the chunk-parallel PyTorch form),
@@ -99,8 +119,11 @@ class ASMConfig(PretrainedConfig):
         use_content_read: bool = True,
         content_read_init: float = -4.0,
         content_read_max_gamma: float = 3.0,
+        content_gain: str = "sigmoid",
         use_slot_space_refinement: bool = True,
         refinement_gate_init: float = -4.0,
+        slot_space_rope: bool = False,
+        slot_space_rope_theta: float = 100000.0,
         chunk_size: int = 64,
         scan_backend: str = "auto",
         layer_norm_eps: float = 1e-5,
@@ -131,10 +154,14 @@ class ASMConfig(PretrainedConfig):
         if scan_backend not in SCAN_BACKENDS:
             raise ValueError(f"ASMConfig.scan_backend must be one of {SCAN_BACKENDS}, "
                              f"got {scan_backend!r}")
+        if content_gain not in CONTENT_GAINS:
+            raise ValueError(f"ASMConfig.content_gain must be one of {CONTENT_GAINS}, "
+                             f"got {content_gain!r}")
         for name, value in (("mlp_ratio", mlp_ratio), ("write_temperature", write_temperature),
                             ("read_temperature", read_temperature), ("rope_theta", rope_theta),
                             ("recency_strength_init", recency_strength_init),
                             ("content_read_max_gamma", content_read_max_gamma),
+                            ("slot_space_rope_theta", slot_space_rope_theta),
                             ("layer_norm_eps", layer_norm_eps),
                             ("initializer_range", initializer_range)):
             _check_float(name, value, positive=True)
@@ -148,8 +175,12 @@ class ASMConfig(PretrainedConfig):
                             ("learn_recency_strength", learn_recency_strength),
                             ("use_content_read", use_content_read),
                             ("use_slot_space_refinement", use_slot_space_refinement),
+                            ("slot_space_rope", slot_space_rope),
                             ("use_cache", use_cache)):
             _check_bool(name, value)
+        if slot_space_rope and slot_space_dim % 2:
+            raise ValueError(f"ASMConfig.slot_space_rope needs an even slot_space_dim, "
+                             f"got {slot_space_dim}")
         if int(hidden_size * mlp_ratio) < 1:
             raise ValueError(f"ASMConfig.mlp_ratio gives an empty MLP, got {mlp_ratio!r}")
         self.vocab_size = vocab_size
@@ -171,8 +202,11 @@ class ASMConfig(PretrainedConfig):
         self.use_content_read = use_content_read
         self.content_read_init = float(content_read_init)
         self.content_read_max_gamma = float(content_read_max_gamma)
+        self.content_gain = content_gain
         self.use_slot_space_refinement = use_slot_space_refinement
         self.refinement_gate_init = float(refinement_gate_init)
+        self.slot_space_rope = slot_space_rope
+        self.slot_space_rope_theta = float(slot_space_rope_theta)
         self.chunk_size = chunk_size
         self.scan_backend = scan_backend
         self.layer_norm_eps = float(layer_norm_eps)

@@ -237,23 +237,38 @@ class ASAAttention(nn.Module):
 
     @property
     def gamma(self) -> torch.Tensor:
-        """Content-read weight ``gamma = max_gamma * sigmoid(raw)`` in ``(0, max_gamma)``."""
-        return self.config.content_read_max_gamma * torch.sigmoid(self.content_gamma_raw)
+        """Content-read weight (scalar), by ``config.content_gain``: ``"sigmoid"`` (default, the
+        paper) ``gamma = max_gamma * sigmoid(raw)`` in ``(0, max_gamma)``; ``"softplus_clamp"``
+        (the authors' code) ``gamma = min(softplus(raw), max_gamma)`` in ``(0, max_gamma]``,
+        with zero gradient to ``raw`` where clamped."""
+        c = self.config
+        if c.content_gain == "softplus_clamp":
+            return F.softplus(self.content_gamma_raw).clamp(max=c.content_read_max_gamma)
+        return c.content_read_max_gamma * torch.sigmoid(self.content_gamma_raw)
 
     def set_intervention(self, parallel: Sequence[float], orthogonal: Sequence[float]) -> None:
         """Per-head coefficients of the parallel and orthogonal parts of ``g Delta``."""
         self.intervention = (list(map(float, parallel)), list(map(float, orthogonal)))
 
     def _refine(
-        self, valid: torch.Tensor, layer_cache: ASMCacheLayer | None
+        self, positions: torch.Tensor, valid: torch.Tensor, layer_cache: ASMCacheLayer | None
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The slot-space refinement as a closure ``r [B, H, T, K] -> w [B, H, T, K]``."""
+        """The slot-space refinement as a closure ``r [B, H, T, K] -> w [B, H, T, K]``.
+
+        ``positions [B, T]`` are the tokens' position ids (those of the write keys), used by
+        the slot-space rotary map when ``config.slot_space_rope``; ``valid [B, T]`` leaves
+        padding out of the slot-space state."""
         c = self.config
+        rope = c.slot_space_rope
 
         def refine(r: torch.Tensor) -> torch.Tensor:
             u = self.slot_in(r.to(self.slot_in.weight.dtype))  # [B, H, T, M]
-            phi_q = F.elu(self.slot_q(u)) + 1.0
-            phi_k = (F.elu(self.slot_k(u)) + 1.0) * valid[:, None, :, None]
+            q_s, k_s = self.slot_q(u), self.slot_k(u)
+            if rope:
+                q_s = _rotate(q_s, positions, c.slot_space_rope_theta)
+                k_s = _rotate(k_s, positions, c.slot_space_rope_theta)
+            phi_q = F.elu(q_s) + 1.0
+            phi_k = (F.elu(k_s) + 1.0) * valid[:, None, :, None]
             state = layer_cache.slot_space if layer_cache is not None else None
             u2, new_state = causal_linear_attention(
                 phi_q, phi_k, self.slot_v(u), c.chunk_size, state, c.scan_backend)
@@ -299,7 +314,7 @@ class ASAAttention(nn.Module):
         gamma = self.gamma if c.use_content_read else 0.0
         refine = None
         if c.use_slot_space_refinement:
-            refine = self._refine(valid, layer_cache)
+            refine = self._refine(positions, valid, layer_cache)
         par, orth = self.intervention
         fused = refine is not None and not output_stats and all(
             x == 1.0 for x in par + orth)
