@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .air import add_air_parsers
     from .analysis import add_analyze_ffn_parser
     from .arith import add_arith_parsers
+    from .asm import add_asm_parsers
     from .convert import add_convert_parser
     from .evaluation import add_eval_parsers
     from .memory import add_memory_parsers
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_ffn_parser(commands)
     add_air_parsers(commands)
     add_arith_parsers(commands)
+    add_asm_parsers(commands)
     add_convert_parser(commands)
     add_eval_parsers(commands)
     add_publish_parsers(commands)
