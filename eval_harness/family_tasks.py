@@ -27,7 +27,7 @@ def load_family_model(name: str, task: str, revision: str | None = None):
 
     import modeling  # noqa: F401  (registers the families with the Auto classes)
 
-    auto = AutoModelForCausalLM if task == "asm-lm" else AutoModel
+    auto = AutoModelForCausalLM if task.startswith("asm-") else AutoModel
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=True, revision=revision)
         model = auto.from_pretrained(name, trust_remote_code=True, revision=revision).eval()

@@ -7,7 +7,8 @@ __all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "TASKS"]
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
 # tasks of our own model families -> the model_type each needs
-FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith", "asm-lm": "asm"}
+FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith", "asm-lm": "asm",
+                "asm-refinement": "asm"}
 TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
-         "air-sudoku", "air-maze", "arith-splits", "asm-lm", "ffn-memories")
+         "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, TASKS
@@ -27,6 +28,17 @@ def _limit(text: str) -> int:
     if not 1 <= value <= 10:
         raise argparse.ArgumentTypeError(f"must be between 1 and 10 items per factor, got {text}")
     return value
+
+
+def _betas(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite betas >= 0, got {text!r}")
+    return values
 
 
 def _pairs_count(text: str) -> int:
@@ -79,14 +91,22 @@ def _family_task(args: argparse.Namespace, out: Path) -> Path:
 
     torch.manual_seed(args.seed)
     model = load_family_model(args.model, args.task, revision=args.revision)
-    if args.task == "asm-lm":
+    if args.task.startswith("asm-"):
         from transformers import AutoTokenizer
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(args.model, revision=args.revision)
         except (OSError, ValueError):
-            raise ValueError(f"asm-lm needs the tokenizer saved with the model; {args.model!r} "
-                             "has none") from None
+            raise ValueError(f"{args.task} needs the tokenizer saved with the model; "
+                             f"{args.model!r} has none") from None
+    if args.task == "asm-refinement":
+        from eval_harness.asm_refinement import run_asm_refinement
+
+        config = {"blocks": args.blocks, "samples": args.samples, "betas": args.betas}
+        body = lambda: run_asm_refinement(model, tokenizer, blocks=args.blocks,  # noqa: E731
+                                          samples=args.samples, betas=args.betas,
+                                          seed=args.seed)
+    elif args.task == "asm-lm":
         config = {"sentences": args.sentences}
         body = lambda: run_asm_lm(model, tokenizer, sentences=args.sentences,  # noqa: E731
                                   seed=args.seed)
@@ -276,6 +296,14 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="air-*/arith-splits/asm-lm: the branch, tag or commit of a Hub model")
     run.add_argument("--sentences", type=positive_int, default=500, metavar="N",
                      help="asm-lm / ffn-memories: KJV sentences to score (default: 500)")
+    run.add_argument("--blocks", type=positive_int, default=128, metavar="N",
+                     help="asm-refinement: held-out blocks of the model's context (default: 128)")
+    run.add_argument("--samples", type=positive_int, default=200_000, metavar="N",
+                     help="asm-refinement: positions sampled for the geometry histograms "
+                          "(default: 200000, as the paper)")
+    run.add_argument("--betas", type=_betas, default=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
+                     metavar="B,B,...",
+                     help="asm-refinement: scales of the orthogonal part to sweep")
     run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                      help="arith-splits: sequences per pool (default: 1024)")
     run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",
