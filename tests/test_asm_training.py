@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from modeling.asm import ASMConfig, ASMForCausalLM
 from modeling.asm.baseline_asm import count_parameters, matched_llama_config
-from modeling.asm.corpus_asm import kjv_corpus, pack_blocks, train_bpe_tokenizer
+from modeling.asm.corpus_asm import hub_corpus, kjv_corpus, pack_blocks, train_bpe_tokenizer
 from modeling.asm.training_asm import LMTrainConfig, batch_order, evaluate_nll, train_lm
 
 
@@ -50,6 +50,18 @@ def test_corpus_split_is_a_fixed_function_of_the_chapter(corpus):
 def test_corpus_rejects_a_degenerate_split(fraction):
     with pytest.raises(ValueError, match="validation_fraction"):
         kjv_corpus(fraction)
+
+
+@pytest.mark.parametrize("name", ["wikitext-103", "fineweb"])
+def test_hub_corpora_say_offline_what_to_use_instead(name, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ValueError, match="offline, use kjv_corpus"):
+        hub_corpus(name)
+
+
+def test_an_unknown_hub_corpus_is_named():
+    with pytest.raises(ValueError, match="unknown corpus 'wiki'"):
+        hub_corpus("wiki")
 
 
 def test_bpe_tokenizer_round_trips_and_loads_with_auto_tokenizer(tokenizer, tmp_path):
