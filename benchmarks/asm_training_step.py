@@ -1,0 +1,69 @@
+"""One training step of ASM against its parameter-matched Llama, in this process.
+
+Times forward + backward + AdamW step of ``ASMForCausalLM`` and of the stock
+``LlamaForCausalLM`` from ``matched_llama_config`` (same width, depth, heads, vocabulary and
+parameter count within 5 %) on the same random token batch, alternating the two so drift in the
+machine's load hits both, and prints the median step time, tokens per second and the ASM /
+Llama ratio. Defaults: the CPU-scale run of BENCHMARKS.md.
+
+Usage: python benchmarks/asm_training_step.py [--hidden 256] [--layers 4] [--heads 4]
+    [--block 128] [--batch 16] [--vocab 4096] [--repeats 10] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+from transformers import LlamaForCausalLM
+
+from modeling.asm import ASMConfig, ASMForCausalLM
+from modeling.asm.baseline_asm import count_parameters, matched_llama_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--block", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config = ASMConfig(vocab_size=args.vocab, hidden_size=args.hidden,
+                       num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                       max_position_embeddings=args.block, chunk_size=min(64, args.block))
+    models = {"asm": ASMForCausalLM(config),
+              "llama": LlamaForCausalLM(matched_llama_config(config))}
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    batch = torch.randint(0, args.vocab, (args.batch, args.block))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for repeat in range(args.repeats + 1):
+        for name, model in models.items():
+            start = time.perf_counter()
+            loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+            loss.backward()
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            if repeat:  # the first round warms up
+                times[name].append(time.perf_counter() - start)
+    print(f"# {platform.processor() or platform.machine()}, {args.threads} thread(s), torch "
+          f"{torch.__version__}; batch {args.batch} x {args.block} tokens")
+    tokens = args.batch * args.block
+    for name, model in models.items():
+        median = statistics.median(times[name])
+        print(f"{name:6s} {count_parameters(model):>11,} parameters  step {median * 1e3:8.1f} ms  "
+              f"{tokens / median:9.0f} tokens/s")
+    ratio = statistics.median(times["asm"]) / statistics.median(times["llama"])
+    print(f"asm / llama step time: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
