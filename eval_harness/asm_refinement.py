@@ -17,7 +17,10 @@ with the model's own tokenizer; the first ``blocks`` blocks are used.
 - Section 5: slot write half-lives at the last position of each block, slot-usage ESS per layer
   and, per head, routing inertia against refinement strength (mean ``||g Delta|| / ||o||``)
   with their Pearson and Spearman correlations.
-- ``claims``: the paper's four statements as measured booleans.
+- ``claims``: the paper's statements as measured booleans (alpha median < 0, orthogonal
+  fraction median < 0.5, orthogonal-only worse than parallel-only, some beta in (0, 1] at least
+  as good as beta = 0, orthogonal-only costs most at layer 0, slot ESS U-shaped over depth: an
+  inner layer below both ends, and a negative inertia-strength correlation).
 """
 
 from __future__ import annotations
@@ -142,6 +145,8 @@ def run_asm_refinement(model, tokenizer, *, blocks: int = 128, samples: int = 20
     small = [entry["nll"] for entry in sweep if 0.0 < entry["beta"] <= 1.0]
     inertia, strength = stats["inertia"].flatten(), stats["strength"].flatten()
     half = [v.double() for v in stats["half_lives"]]
+    ess = [float(v.mean()) for v in stats["values"]["slot_ess"]]
+    orthogonal_by_layer = per_layer["orthogonal_only"]
     return {
         "corpus": f"{CORPUS_SOURCE}: validation chapters",
         "blocks": int(data.shape[0]), "context": context, "tokens": int(data[:, 1:].numel()),
@@ -155,7 +160,7 @@ def run_asm_refinement(model, tokenizer, *, blocks: int = 128, samples: int = 20
             "half_life_median_per_layer": [float(v.median()) for v in half],
             "half_life_p90_per_layer": [float(v.quantile(0.9)) for v in half],
             "half_life_histogram": _histogram(torch.cat(half), bins=min(40, context)),
-            "ess_per_layer": [float(v.mean()) for v in stats["values"]["slot_ess"]],
+            "ess_per_layer": ess,
             "num_slots": config.num_slots},
         "heads": {"routing_inertia": stats["inertia"].tolist(),
                   "refinement_strength": stats["strength"].tolist(),
@@ -169,5 +174,8 @@ def run_asm_refinement(model, tokenizer, *, blocks: int = 128, samples: int = 20
                 nll["orthogonal_only"] > nll["parallel_only"],
             "small_beta_at_least_as_good_as_zero":
                 zero is not None and bool(small) and min(small) <= zero,
+            "orthogonal_only_hurts_layer_0_most":
+                max(orthogonal_by_layer) == orthogonal_by_layer[0],
+            "ess_u_shaped": layers >= 3 and min(ess[1:-1]) < min(ess[0], ess[-1]),
             "inertia_strength_correlation_negative": _pearson(inertia, strength) < 0},
     }

@@ -62,7 +62,7 @@ def _sweep_figure(sweep: dict[str, Any], base: float, out: Path) -> Path:
 
 
 def _slots_figure(slots: dict[str, Any], heads: dict[str, Any], out: Path) -> Path:
-    fig, (life, ess, inertia) = plt.subplots(1, 3, figsize=(12, 3.2))
+    fig, (life, ess, inertia) = plt.subplots(1, 3, figsize=(13, 3.4), layout="constrained")
     _bars(life, slots["half_life_histogram"], "#4c72b0")
     life.set_yscale("log")
     life.set_xlabel("slot write half-life (tokens)")

@@ -84,6 +84,10 @@ def test_claims_follow_the_measured_numbers(results):
     assert claims["alpha_median_negative"] == (results["geometry"]["alpha"]["median"] < 0)
     assert claims["orthogonal_only_worse_than_parallel_only"] == (
         nll["orthogonal_only"] > nll["parallel_only"])
+    per_layer = results["interventions"]["per_layer"]["orthogonal_only"]
+    assert claims["orthogonal_only_hurts_layer_0_most"] == (per_layer[0] == max(per_layer))
+    ess = results["slots"]["ess_per_layer"]
+    assert claims["ess_u_shaped"] == (ess[1] < min(ess[0], ess[2]))
     sweep = {p["beta"]: p["nll"] for p in results["beta_sweep"]["points"]}
     assert claims["small_beta_at_least_as_good_as_zero"] == (
         min(sweep[0.5], sweep[1.0]) <= sweep[0.0])
