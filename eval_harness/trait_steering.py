@@ -55,8 +55,8 @@ from .bigfive import CAA_FRAMES, answer_items, load_items
 from .metrics import load_metric
 from .names import DIRECTIONS, FACTORS
 
-__all__ = ["DIRECTIONS", "TraitSteeringConfig", "eval_pairs", "run_layer_ablation",
-           "run_trait_steering"]
+__all__ = ["DIRECTIONS", "FrozenDirection", "TraitSteeringConfig", "calibrate_direction",
+           "eval_pairs", "run_layer_ablation", "run_trait_steering"]
 
 EVAL_PATH = Path(__file__).parent / "data" / "trait_pairs.json"
 
@@ -175,6 +175,62 @@ def _site_mass(model, tokenizer, method: MemoryMethod, prompts: Sequence[str]) -
     return masses
 
 
+@dataclass
+class FrozenDirection:
+    """One direction's methods, each frozen on calibration data at its calibrated strength:
+    ``methods`` holds ``prompt``, ``memory`` (target bank at the behavioural selector's sites) and
+    ``caa`` (scale chosen on the calibration pairs); ``setup`` records how."""
+
+    direction: str
+    target: str
+    reference: str
+    target_bank: MemoryBank
+    reference_bank: MemoryBank
+    banks: BankSet
+    selector: Selector
+    methods: dict[str, Method]
+    setup: dict[str, Any]
+
+
+def calibrate_direction(model, tokenizer, direction: str,
+                        config: TraitSteeringConfig) -> FrozenDirection:
+    """Freeze prompt, memory and CAA for ``direction`` on the calibration pairs (reusing a saved
+    or shipped behavioural selector when it was calibrated for the same banks and objective)."""
+    _, _, target, reference = direction_parts(direction)
+    pairs, drift = calibration_pairs(direction, config.calibration_pairs, config.drift_pairs)
+    objective = ShiftObjective(model, tokenizer, pairs, drift,
+                               uncertainty_weight=config.uncertainty_weight,
+                               batch_size=config.batch_size)
+    # named as the demo's persona_bank, so that the shipped selectors match when the recipe does
+    target_bank = _bank(model, tokenizer, target, "target", "persona", config)
+    reference_bank = _bank(model, tokenizer, reference, "reference", "reference", config)
+    banks = BankSet([target_bank], model=model)
+    selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction)
+    methods: dict[str, Method] = {
+        "prompt": PromptMethod(target, tokenizer=tokenizer),
+        "memory": MemoryMethod(banks, selector),
+    }
+    vectors = CAAVectors.extract(model, tokenizer, [(f.format(target), f.format(reference))
+                                                    for f in CAA_FRAMES],
+                                 layers=[config.caa_layer])
+    caa_class = _CAAFrom if config.caa_start == "all" else CAAMethod
+    scale, caa_rows = best_strength(
+        objective, lambda s, c=caa_class, v=vectors: c(v, scale=s), config.caa_scales)
+    methods["caa"] = caa_class(vectors, scale=scale)
+    setup: dict[str, Any] = {
+        "calibration_pairs": [list(p) for p in pairs],
+        "caa": {"layer": config.caa_layer, "scale": scale, "start": config.caa_start,
+                "calibration": caa_rows},
+        "memory": {"layers": selector.layers, "gain": selector.layer_gains,
+                   "search": selector.config["history"], "objective": selector.config["best"],
+                   "routing_mass": _site_mass(model, tokenizer, methods["memory"],
+                                              calibration_prompts()[:4]),
+                   "bank_slots": target_bank.num_slots},
+    }
+    return FrozenDirection(direction, target, reference, target_bank, reference_bank, banks,
+                           selector, methods, setup)
+
+
 def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[str, Any]:
     """Calibrate and score every direction; return the task's results (see module docstring)."""
     torch.manual_seed(config.seed)
@@ -215,41 +271,12 @@ def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[st
     prompts = calibration_prompts()
     runs, setups = [], {}
     for direction in tqdm(config.directions, desc="trait steering"):
-        _, _, target, reference = direction_parts(direction)
-        pairs, drift = calibration_pairs(direction, config.calibration_pairs,
-                                         config.drift_pairs)
-        objective = ShiftObjective(model, tokenizer, pairs, drift,
-                                   uncertainty_weight=config.uncertainty_weight,
-                                   batch_size=config.batch_size)
-        # named as the demo's persona_bank, so that the shipped selectors match when the recipe does
-        target_bank = _bank(model, tokenizer, target, "target", "persona", config)
-        reference_bank = _bank(model, tokenizer, reference, "reference", "reference", config)
-        banks = BankSet([target_bank], model=model)
-        selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config,
-                                         direction)
-        methods: dict[str, Method] = {
-            "prompt": PromptMethod(target, tokenizer=tokenizer),
-            "memory": MemoryMethod(banks, selector),
-        }
-        vectors = CAAVectors.extract(model, tokenizer, [(f.format(target), f.format(reference))
-                                                        for f in CAA_FRAMES],
-                                     layers=[config.caa_layer])
-        caa_class = _CAAFrom if config.caa_start == "all" else CAAMethod
-        scale, caa_rows = best_strength(
-            objective, lambda s, c=caa_class, v=vectors: c(v, scale=s), config.caa_scales)
-        methods["caa"] = caa_class(vectors, scale=scale)
-        setup: dict[str, Any] = {
-            "calibration_pairs": [list(p) for p in pairs], "caa": {"layer": config.caa_layer,
-                                                                   "scale": scale,
-                                                                   "start": config.caa_start,
-                                                                   "calibration": caa_rows},
-            "memory": {"layers": selector.layers, "gain": selector.layer_gains,
-                       "search": selector.config["history"],
-                       "objective": selector.config["best"],
-                       "routing_mass": _site_mass(model, tokenizer, methods["memory"],
-                                                  prompts[:4]),
-                       "bank_slots": target_bank.num_slots},
-        }
+        frozen = calibrate_direction(model, tokenizer, direction, config)
+        target, reference = frozen.target, frozen.reference
+        target_bank, reference_bank = frozen.target_bank, frozen.reference_bank
+        banks, selector = frozen.banks, frozen.selector
+        methods: dict[str, Method] = dict(frozen.methods)
+        setup = frozen.setup
         if config.diagnostic:
             contrastive = BankSet([target_bank, reference_bank], model=model)
             diagnostic = Selector.calibrate(model, tokenizer, contrastive, prompts,
