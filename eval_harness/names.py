@@ -10,5 +10,6 @@ METHODS = ("plain", "prompt", "caa", "memory")
 FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith", "asm-lm": "asm",
                 "asm-refinement": "asm"}
 TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
-         "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories")
+         "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories",
+         "capability")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")

@@ -218,6 +218,15 @@ def _eval(args: argparse.Namespace) -> None:
         run = run_trait_steering if args.task == "trait-steering" else run_layer_ablation
         path = run_task(args.task, lambda: run(model, tokenizer, steering),
                         model=model, config=vars(steering), seed=args.seed, out=out)
+    elif args.task == "capability":
+        from eval_harness.capability import CapabilityConfig, run_capability
+
+        config = CapabilityConfig(directions=args.directions, additions=args.additions,
+                                  passages=args.passages, num_bootstrap=args.bootstrap,
+                                  seed=args.seed,
+                                  selectors_dir=args.selectors or str(out / "selectors"))
+        path = run_task("capability", lambda: run_capability(model, tokenizer, config),
+                        model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task in ("bigfive", "bigfive-gen"):
         config = BigFiveConfig(methods=args.method, traits=args.traits, limit=args.limit,
                                top_layers=args.top_layers, bank_gain=args.gain,
@@ -265,8 +274,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--traits", type=_csv(FACTORS), default=list(FACTORS),
                      help="comma-separated target traits (default: O,C,E,A,N)")
     run.add_argument("--directions", type=_csv(DIRECTIONS), default=list(DIRECTIONS),
-                     help="trait-steering: comma-separated directions, e.g. N+,N- (default: "
-                          "all ten)")
+                     help="trait-steering / capability: comma-separated directions, e.g. N+,N- "
+                          "(default: all ten)")
     run.add_argument("--bootstrap", type=positive_int, default=1000,
                      help="trait-steering: bootstrap resamples for the 95%% intervals")
     run.add_argument("--model", default="default",
@@ -304,6 +313,11 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--betas", type=_betas, default=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
                      metavar="B,B,...",
                      help="asm-refinement: scales of the orthogonal part to sweep")
+    run.add_argument("--additions", type=positive_int, default=40, metavar="N",
+                     help="capability: generated addition questions (default: 40; plus 30 "
+                          "capitals)")
+    run.add_argument("--passages", type=positive_int, default=40, metavar="N",
+                     help="capability: neutral KJV sentences scored (default: 40)")
     run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                      help="arith-splits: sequences per pool (default: 1024)")
     run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",
