@@ -60,6 +60,8 @@ BAD_INPUTS = [
     (["eval", "trait-steering", "--bootstrap", "0", "--out", OUT], "must be >= 1"),
     (["eval", "trait-steering", "--top-layers", "0", "--out", OUT], "must be >= 1"),
     (["eval", "asm-refinement", "--betas", "0,-1", "--out", OUT], "expected finite betas"),
+    (["eval", "capability", "--additions", "0", "--out", OUT], "must be >= 1"),
+    (["eval", "capability", "--directions", "N+,Z-", "--out", OUT], "choose from"),
     (["eval", "asm-refinement", "--model", "{tmp}/llama", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/missing", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/banks", "--out", OUT], "cannot load model"),
