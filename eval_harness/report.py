@@ -147,6 +147,10 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         return _kv_report(record["results"], out, record)
     if task == "ffn-memories":
         return _ffn_report(record, out)
+    if task == "persistence":
+        from .persistence_report import render_persistence
+
+        return render_persistence(record, out)
     if task == "capability":
         from .capability_report import render_capability
 

@@ -41,6 +41,17 @@ def _betas(text: str) -> list[float]:
     return values
 
 
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token counts, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected token counts >= 0, got {text!r}")
+    return values
+
+
 def _pairs_count(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 24:
@@ -227,6 +238,15 @@ def _eval(args: argparse.Namespace) -> None:
                                   selectors_dir=args.selectors or str(out / "selectors"))
         path = run_task("capability", lambda: run_capability(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
+    elif args.task == "persistence":
+        from eval_harness.persistence import PersistenceConfig, run_persistence
+
+        config = PersistenceConfig(directions=args.directions, lengths=args.lengths,
+                                   items=args.items, num_bootstrap=args.bootstrap,
+                                   seed=args.seed,
+                                   selectors_dir=args.selectors or str(out / "selectors"))
+        path = run_task("persistence", lambda: run_persistence(model, tokenizer, config),
+                        model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task in ("bigfive", "bigfive-gen"):
         config = BigFiveConfig(methods=args.method, traits=args.traits, limit=args.limit,
                                top_layers=args.top_layers, bank_gain=args.gain,
@@ -318,6 +338,12 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                           "capitals)")
     run.add_argument("--passages", type=positive_int, default=40, metavar="N",
                      help="capability: neutral KJV sentences scored (default: 40)")
+    run.add_argument("--lengths", type=_lengths, default=[0, 256, 1024, 2048],
+                     metavar="N,N,...",
+                     help="persistence: opposite-style history lengths in tokens (default: "
+                          "0,256,1024,2048)")
+    run.add_argument("--items", type=positive_int, default=8, metavar="N",
+                     help="persistence: held-out items per direction (default: 8)")
     run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                      help="arith-splits: sequences per pool (default: 1024)")
     run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",

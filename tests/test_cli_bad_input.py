@@ -61,6 +61,7 @@ BAD_INPUTS = [
     (["eval", "trait-steering", "--top-layers", "0", "--out", OUT], "must be >= 1"),
     (["eval", "asm-refinement", "--betas", "0,-1", "--out", OUT], "expected finite betas"),
     (["eval", "capability", "--additions", "0", "--out", OUT], "must be >= 1"),
+    (["eval", "persistence", "--lengths", "0,-5", "--out", OUT], "expected token counts"),
     (["eval", "capability", "--directions", "N+,Z-", "--out", OUT], "choose from"),
     (["eval", "asm-refinement", "--model", "{tmp}/llama", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/missing", "--out", OUT], "cannot load model"),
