@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from hf_memory.analysis.corpus import kjv_sentences
 from hf_memory.likelihood import reply_logprobs
@@ -188,7 +189,7 @@ def run_capability(model, tokenizer, config: CapabilityConfig,
         steering = TraitSteeringConfig(directions=config.directions,
                                        batch_size=config.batch_size,
                                        selectors_dir=config.selectors_dir, seed=config.seed)
-    for direction in config.directions:
+    for direction in tqdm(config.directions, desc="capability"):
         frozen = calibrate_direction(model, tokenizer, direction, steering)
         for name in ("prompt", "caa", "memory"):
             method = frozen.methods[name]

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from hf_memory.calibration import calibration_pairs, direction_parts
 from hf_memory.likelihood import reply_logprobs
@@ -115,7 +116,7 @@ def run_persistence(model, tokenizer, config: PersistenceConfig,
                                        batch_size=config.batch_size,
                                        selectors_dir=config.selectors_dir, seed=config.seed)
     curves, setups = [], {}
-    for direction in config.directions:
+    for direction in tqdm(config.directions, desc="persistence"):
         trait, sign, target, _ = direction_parts(direction)
         items = [i for i in eval_pairs() if i["trait"] == trait][:config.items]
         frozen = calibrate_direction(model, tokenizer, direction, steering)
