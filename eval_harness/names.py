@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "TASKS"]
+__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "TASKS", "checked_directions"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
@@ -13,3 +13,11 @@ TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footp
          "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories",
          "capability", "persistence")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")
+
+
+def checked_directions(directions) -> list[str]:
+    """``directions`` as a list, or a ``ValueError`` naming the accepted ones."""
+    if not directions or any(d not in DIRECTIONS for d in directions):
+        raise ValueError(f"directions must be among {', '.join(DIRECTIONS)}; got "
+                         f"{list(directions)}")
+    return list(directions)

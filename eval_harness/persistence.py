@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from hf_memory.calibration import calibration_pairs, direction_parts
 from hf_memory.likelihood import reply_logprobs
 
-from .names import DIRECTIONS
+from .names import checked_directions
 
 __all__ = ["PersistenceConfig", "opposite_history", "run_persistence"]
 
@@ -49,10 +49,7 @@ class PersistenceConfig:
     selectors_dir: str | None = None
 
     def __post_init__(self) -> None:
-        bad = [d for d in self.directions if d not in DIRECTIONS]
-        if bad or not self.directions:
-            raise ValueError(f"directions must be among {', '.join(DIRECTIONS)}; got "
-                             f"{list(self.directions)}")
+        self.directions = checked_directions(self.directions)
         if not self.lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
                                    for n in self.lengths):
             raise ValueError(f"lengths must be integers >= 0, got {list(self.lengths)}")
@@ -61,7 +58,7 @@ class PersistenceConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PersistenceConfig.{name} must be a positive integer, got "
                                  f"{value!r}")
-        self.directions, self.lengths = list(self.directions), sorted(set(self.lengths))
+        self.lengths = sorted(set(self.lengths))
 
 
 def _tokens(tokenizer, messages: list[dict[str, str]]) -> int:

@@ -53,7 +53,7 @@ from hf_memory.site_search import ShiftObjective, best_strength
 
 from .bigfive import CAA_FRAMES, answer_items, load_items
 from .metrics import load_metric
-from .names import DIRECTIONS, FACTORS
+from .names import DIRECTIONS, FACTORS, checked_directions
 
 __all__ = ["DIRECTIONS", "FrozenDirection", "TraitSteeringConfig", "calibrate_direction",
            "eval_pairs", "run_layer_ablation", "run_trait_steering"]
@@ -103,15 +103,11 @@ class TraitSteeringConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        bad = [d for d in self.directions if d not in DIRECTIONS]
-        if bad or not self.directions:
-            raise ValueError(f"directions must be among {', '.join(DIRECTIONS)}; got "
-                             f"{list(self.directions)}")
+        self.directions = checked_directions(self.directions)
         if self.caa_start not in ("all", "instruction"):
             raise ValueError(f"caa_start must be 'all' or 'instruction', got {self.caa_start!r}")
         if not 1 <= self.calibration_pairs <= 24:
             raise ValueError("calibration_pairs must be between 1 and 24 per trait")
-        self.directions = list(self.directions)
 
 
 class _CAAFrom(CAAMethod):
