@@ -30,26 +30,22 @@ def _limit(text: str) -> int:
     return value
 
 
-def _betas(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not math.isfinite(v) or v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected finite betas >= 0, got {text!r}")
-    return values
+def _non_negative_list(cast, noun: str):
+    """A parser of comma-separated finite values >= 0 (``noun`` names them in errors)."""
+    def parse(text: str) -> list:
+        try:
+            values = [cast(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {noun}, got {text!r}") from None
+        if not values or any(not math.isfinite(v) or v < 0 for v in values):
+            raise argparse.ArgumentTypeError(f"expected {noun} >= 0, got {text!r}")
+        return values
+    return parse
 
 
-def _lengths(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated token counts, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected token counts >= 0, got {text!r}")
-    return values
+_betas = _non_negative_list(float, "finite betas")
+_lengths = _non_negative_list(int, "token counts")
 
 
 def _pairs_count(text: str) -> int:
