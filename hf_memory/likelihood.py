@@ -33,6 +33,11 @@ def _check_pairs(pairs: Sequence[ContrastPair]) -> None:
                              f"non-empty strings; got {pair!r}")
 
 
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities in at least float32 (float64 models keep float64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
+
+
 @torch.no_grad()
 def reply_logprobs(model: nn.Module, tokenizer, conversations: Sequence[list[dict[str, str]]],
                    replies: Sequence[str], *, method=None, batch_size: int = 16) -> torch.Tensor:
@@ -73,7 +78,7 @@ def reply_logprobs(model: nn.Module, tokenizer, conversations: Sequence[list[dic
         keep = max(len(r) for _, r in chunk) + 1  # logits of the reply positions only
         with method.attach(model, ends) if method is not None else nullcontext():
             logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
-        logprobs = logits.float().log_softmax(-1)
+        logprobs = _log_softmax(logits)
         for i, (_, reply_ids) in enumerate(chunk):
             n = len(reply_ids)
             picked = logprobs[i, keep - n - 1:keep - 1].gather(-1, ids[i, width - n:, None])
