@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from hf_memory.calibration import calibration_pairs, direction_parts
 from hf_memory.likelihood import reply_logprobs
 
+from .intervals import mean_interval
 from .names import checked_directions
 
 __all__ = ["PersistenceConfig", "opposite_history", "run_persistence"]
@@ -90,13 +90,6 @@ def opposite_history(tokenizer, direction: str, length: int,
                 return history
 
 
-def _interval(values: np.ndarray, num_bootstrap: int, seed: int) -> list[float]:
-    rng = np.random.default_rng(seed)
-    draws = [values[rng.integers(0, len(values), len(values))].mean()
-             for _ in range(num_bootstrap)]
-    return [float(v) for v in np.percentile(draws, [2.5, 97.5])]
-
-
 def run_persistence(model, tokenizer, config: PersistenceConfig,
                     steering=None) -> dict[str, Any]:
     """The margin-vs-history-length curves of plain, prompt, CAA and memory (module docstring).
@@ -145,7 +138,7 @@ def run_persistence(model, tokenizer, config: PersistenceConfig,
                     "direction": direction, "method": name, "length": length,
                     "history_tokens": history_tokens, "history_turns": len(history) // 2,
                     "margin": float(values.mean()), "shift": float(shift.mean()),
-                    "shift_ci": _interval(shift, config.num_bootstrap, config.seed),
+                    "shift_ci": mean_interval(shift, config.num_bootstrap, config.seed),
                     "margins": values.tolist()})
     return {"curves": curves, "setups": setups, "config": asdict(config),
             "steering": {k: v for k, v in asdict(steering).items() if k != "extra"}}

@@ -55,8 +55,9 @@ from .bigfive import CAA_FRAMES, answer_items, load_items
 from .metrics import load_metric
 from .names import DIRECTIONS, FACTORS, checked_directions
 
-__all__ = ["DIRECTIONS", "FrozenDirection", "TraitSteeringConfig", "calibrate_direction",
-           "eval_pairs", "run_layer_ablation", "run_trait_steering"]
+__all__ = ["DIRECTIONS", "CAAFromStart", "FrozenDirection", "TraitSteeringConfig",
+           "behavioural_selector", "calibrate_direction", "eval_pairs", "run_layer_ablation",
+           "run_trait_steering"]
 
 EVAL_PATH = Path(__file__).parent / "data" / "trait_pairs.json"
 
@@ -110,7 +111,7 @@ class TraitSteeringConfig:
             raise ValueError("calibration_pairs must be between 1 and 24 per trait")
 
 
-class _CAAFrom(CAAMethod):
+class CAAFromStart(CAAMethod):
     """CAA starting at the first position (``caa_start='all'``), as memory does."""
 
     def attach(self, model, instruction_end):
@@ -124,18 +125,20 @@ def _bank(model, tokenizer, text: str, role: str, name: str, config) -> MemoryBa
                                 template=config.bank_template, context=config.bank_context)
 
 
-def _behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
-                          direction: str) -> Selector:
+def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
+                         name: str) -> Selector:
     """Reuse a frozen selector for the same banks, calibration pairs and objective (the one saved
-    under ``config.selectors_dir``, else the one shipped with the package), or calibrate one and
-    save it there."""
-    path = Path(config.selectors_dir) / direction if config.selectors_dir else None
+    under ``config.selectors_dir / name``, else the one shipped with the package under
+    ``name``), or calibrate one and save it there. ``config`` carries the search's knobs
+    (``top_layers``, ``candidate_layers``, ``gains``, ``uncertainty_weight``, ``batch_size``,
+    ``selectors_dir``)."""
+    path = Path(config.selectors_dir) / name if config.selectors_dir else None
     wanted = {"banks": banks.audit(), "pairs_sha256": pairs_digest(pairs, drift),
               "uncertainty_weight": config.uncertainty_weight, "top_layers": config.top_layers,
               "gains": sorted(float(g) for g in config.gains)}
     candidates = sorted({layer for bank in banks for layer in bank.layers}
                         if config.candidate_layers is None else set(config.candidate_layers))
-    shipped = Path(str(selectors_dir())) / direction
+    shipped = Path(str(selectors_dir())) / name
     for place in (path, shipped):
         if place is not None and (place / "selector.json").is_file():
             saved = Selector.from_pretrained(place, model=model)
@@ -201,7 +204,7 @@ def calibrate_direction(model, tokenizer, direction: str,
     target_bank = _bank(model, tokenizer, target, "target", "persona", config)
     reference_bank = _bank(model, tokenizer, reference, "reference", "reference", config)
     banks = BankSet([target_bank], model=model)
-    selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction)
+    selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction)
     methods: dict[str, Method] = {
         "prompt": PromptMethod(target, tokenizer=tokenizer),
         "memory": MemoryMethod(banks, selector),
@@ -209,7 +212,7 @@ def calibrate_direction(model, tokenizer, direction: str,
     vectors = CAAVectors.extract(model, tokenizer, [(f.format(target), f.format(reference))
                                                     for f in CAA_FRAMES],
                                  layers=[config.caa_layer])
-    caa_class = _CAAFrom if config.caa_start == "all" else CAAMethod
+    caa_class = CAAFromStart if config.caa_start == "all" else CAAMethod
     scale, caa_rows = best_strength(
         objective, lambda s, c=caa_class, v=vectors: c(v, scale=s), config.caa_scales)
     methods["caa"] = caa_class(vectors, scale=scale)
@@ -365,7 +368,7 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
                                          config.drift_pairs)
         bank = _bank(model, tokenizer, target, "target", "persona", config)
         banks = BankSet([bank], model=model)
-        selector = _behavioural_selector(model, tokenizer, banks, pairs, drift, config,
+        selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config,
                                          direction)
         singles = selector.config["history"][:len(selector.candidate_layers)]
         ranking = [s["layers"][0] for s in sorted(singles, key=lambda s: -s["score"])]

@@ -1,0 +1,309 @@
+"""``dialogue-shift``: can guidance change mid-conversation without rewriting the transcript (the
+paper's section 5 / appendix D.3, in a likelihood form)?
+
+Each case (:mod:`~eval_harness.dialogue_cases`) is one :class:`~hf_memory.Conversation` on one
+KV cache, teacher-forced: every user turn of the case, then the assistant reply of the transcript
+(the old style's reply before the shift; after it, the old style's or, with
+``post_shift_history="new"``, the new style's). The user's shift request is part of the
+transcript at the shift turn, as in the paper, so every method sees it. The methods:
+
+- ``plain``: no guidance beyond the user's request;
+- ``prompt-init``: the old style's descriptor in the system prompt from the start, kept (the
+  visible budget is fixed after initialisation);
+- ``caa``: the CAA vector towards the old style (−v) until the shift, towards the new (+v)
+  from the shift turn on, at the scale calibrated for the transition;
+- ``memory``: the old style's bank until the shift, then ``set_banks`` to the new style's bank,
+  at the sites and gains of the transition's frozen behavioural selector (automatic path);
+- ``prompt-repl`` (audit): the system prompt replaced by the new style's at the shift, which
+  changes the first tokens of the transcript, so the whole cache is recomputed.
+
+At every user turn the two held-out continuations are scored as the assistant's reply on the
+cache: Align = log p(new-style reply) − log p(old-style reply), the same content in the two
+styles. Reported per method: mean post-shift Align per case, its shift over plain (paired by
+case), 95 % bootstrap intervals over cases, per transition, per length and overall; pre-shift
+Align (the old guidance holding); the guidance KV each method carries (visible prompt tokens vs
+latent bank / vector bytes) and the tokens it ran through the model.
+
+Calibration (disjoint from every dialogue): per transition, the behavioural selector for the new
+style's bank and the CAA scale are chosen on the pair's calibration items
+(:func:`~eval_harness.dialogue_cases.transition_calibration`) exactly as trait steering chooses
+them for a Big Five direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hf_memory import BankSet, CAAVectors, Conversation, MemoryBank, Selector, apply_caa
+from hf_memory.chat import default_system_prompt
+from hf_memory.kv_accounting import kv_footprint
+from hf_memory.methods import PromptMethod
+from hf_memory.selector import DEFAULT_GAINS
+from hf_memory.site_search import ShiftObjective, best_strength
+
+from .bigfive import CAA_FRAMES
+from .dialogue_cases import (
+    TRANSITIONS,
+    check_case,
+    dialogue_cases,
+    parse_transition,
+    style_descriptor,
+    transition_calibration,
+)
+from .intervals import mean_interval
+from .trait_steering import CAAFromStart, behavioural_selector
+
+__all__ = ["METHODS", "DialogueShiftConfig", "FrozenTransition", "calibrate_transition",
+           "run_dialogue_shift", "walk_case"]
+
+METHODS = ("plain", "prompt-init", "caa", "memory", "prompt-repl")
+MATCHED = ("plain", "prompt-init", "caa", "memory")  # the fixed-visible-budget comparison
+
+
+@dataclass
+class DialogueShiftConfig:
+    """Knobs of the task (recorded in the results)."""
+
+    transitions: Sequence[str] = TRANSITIONS
+    lengths: Sequence[int] = (8, 16, 24)
+    branches: Sequence[str] = ("a", "b")
+    methods: Sequence[str] = METHODS
+    post_shift_history: str = "old"
+    calibration_pairs: int = 12
+    drift_pairs: int = 2
+    top_layers: int = 5
+    candidate_layers: Sequence[int] | None = None
+    gains: Sequence[float] = DEFAULT_GAINS
+    uncertainty_weight: float = 1.0
+    caa_layer: int = 10
+    caa_scales: Sequence[float] = (1.0, 2.0, 4.0, 8.0, 16.0)
+    batch_size: int = 16
+    num_bootstrap: int = 1000
+    seed: int = 0
+    selectors_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.transitions:
+            raise ValueError("give at least one transition")
+        for name in self.transitions:
+            parse_transition(name)
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f"methods must be among {', '.join(METHODS)}; got "
+                             f"{list(self.methods)}")
+        if "plain" not in self.methods:
+            raise ValueError("methods must include 'plain' (every shift is measured against it)")
+        if self.post_shift_history not in ("old", "new"):
+            raise ValueError(f"post_shift_history must be 'old' or 'new', got "
+                             f"{self.post_shift_history!r}")
+        for name in ("calibration_pairs", "drift_pairs", "top_layers", "batch_size",
+                     "num_bootstrap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DialogueShiftConfig.{name} must be a positive integer, got "
+                                 f"{value!r}")
+        self.transitions, self.lengths = list(self.transitions), list(self.lengths)
+        self.branches, self.methods = list(self.branches), list(self.methods)
+
+
+@dataclass
+class FrozenTransition:
+    """One transition's guidance, frozen on calibration data: the two styles' banks and system
+    prompts, the selector (sites and gains of the new style's bank), the CAA vectors (new minus
+    old) and their scale; ``setup`` records how they were chosen."""
+
+    old: str
+    new: str
+    banks: dict[str, BankSet]
+    systems: dict[str, str]
+    selector: Selector
+    caa: CAAVectors
+    caa_scale: float
+    setup: dict[str, Any]
+
+
+def _system(tokenizer, descriptor: str) -> str:
+    default = default_system_prompt(tokenizer)
+    return f"{default}\n{descriptor}" if default else descriptor
+
+
+def calibrate_transition(model, tokenizer, transition: str,
+                         config: DialogueShiftConfig) -> FrozenTransition:
+    """Freeze memory (behavioural selector), CAA (scale) and the prompts for ``transition``."""
+    old, new = parse_transition(transition)
+    pairs, drift = transition_calibration(old, new, config.calibration_pairs, config.drift_pairs)
+    descriptors = {"old": style_descriptor(old), "new": style_descriptor(new)}
+    banks = {key: BankSet([MemoryBank.from_text(model, tokenizer, text, role="target",
+                                                name="persona", template="{text}",
+                                                context="system")], model=model)
+             for key, text in descriptors.items()}
+    selector = behavioural_selector(model, tokenizer, banks["new"], pairs, drift, config,
+                                     transition)
+    vectors = CAAVectors.extract(model, tokenizer,
+                                 [(f.format(descriptors["new"]), f.format(descriptors["old"]))
+                                  for f in CAA_FRAMES], layers=[config.caa_layer])
+    objective = ShiftObjective(model, tokenizer, pairs, drift,
+                               uncertainty_weight=config.uncertainty_weight,
+                               batch_size=config.batch_size)
+    scale, rows = best_strength(objective, lambda s: CAAFromStart(vectors, scale=s),
+                                config.caa_scales)
+    setup = {"memory": {"layers": selector.layers, "gain": selector.layer_gains,
+                        "objective": selector.config["best"]},
+             "caa": {"layer": config.caa_layer, "scale": scale, "calibration": rows},
+             "descriptors": descriptors, "calibration_pairs": len(pairs)}
+    return FrozenTransition(old, new, banks,
+                            {k: _system(tokenizer, v) for k, v in descriptors.items()},
+                            selector, vectors, scale, setup)
+
+
+def walk_case(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTransition,
+              post_shift_history: str = "old") -> dict[str, Any]:
+    """Run one case under one method on one cache; Align at every user turn (module
+    docstring) and the tokens the model computed."""
+    check_case(case)
+    shift = case["shift_turn"]
+    system = frozen.systems["old"] if method in ("prompt-init", "prompt-repl") else None
+    banks = frozen.banks["old"] if method == "memory" else None
+    steering = {"selector": frozen.selector} if method == "memory" else {}
+    chat = Conversation(model, tokenizer, banks=banks, system=system, **steering)
+    caa = (apply_caa(model, frozen.caa, scale=-frozen.caa_scale, start_position=0)
+           if method == "caa" else None)
+    aligns = []
+    try:
+        for turn in range(1, case["turns"] + 1):
+            if turn == shift:
+                chat.prefill()  # the transcript so far under the old guidance
+                if method == "memory":
+                    chat.set_banks(frozen.banks["new"])
+                elif method == "caa":
+                    caa.remove()
+                    caa = apply_caa(model, frozen.caa, scale=frozen.caa_scale, start_position=0)
+                elif method == "prompt-repl":
+                    chat.set_system(frozen.systems["new"])
+            chat.add("user", case["user"][turn - 1])
+            new, old = chat.reply_logprobs([case["new_replies"][turn - 1],
+                                            case["old_replies"][turn - 1]])
+            aligns.append(new - old)
+            kept = ("new_replies" if turn >= shift and post_shift_history == "new"
+                    else "old_replies")
+            chat.add("assistant", case[kept][turn - 1])
+    finally:
+        chat.close()
+        if caa is not None:
+            caa.remove()
+    return {"align": aligns, "pre": float(np.mean(aligns[:shift - 1])),
+            "post": float(np.mean(aligns[shift - 1:])), "computed_tokens": chat.computed_tokens,
+            "transcript_tokens": int(chat.cache.get_seq_length())}
+
+
+def _guidance_kv(model, tokenizer, frozen: FrozenTransition) -> dict[str, dict[str, int]]:
+    """Per method: visible guidance KV bytes (prompt tokens in the cache) and latent guidance
+    bytes (bank tensors at the steered layers, CAA vector)."""
+    probe = "How are you today?"
+    visible = PromptMethod(frozen.setup["descriptors"]["new"], tokenizer=tokenizer
+                           ).guidance_kv_bytes(model, tokenizer, probe)
+    ids = tokenizer(frozen.setup["descriptors"]["new"], return_tensors="pt",
+                    add_special_tokens=False).input_ids
+    bank = kv_footprint(model, frozen.banks["new"], ids, layers=frozen.selector.layers).bank_bytes
+    vector = sum(v.numel() * v.element_size() for v in frozen.caa.vectors.values())
+    return {"plain": {"visible": 0, "latent": 0},
+            "prompt-init": {"visible": visible, "latent": 0},
+            "caa": {"visible": 0, "latent": vector},
+            "memory": {"visible": 0, "latent": bank},
+            "prompt-repl": {"visible": visible, "latent": 0}}
+
+
+def _summary(cases: list[dict[str, Any]], methods: Sequence[str], key: str, groups,
+             config: DialogueShiftConfig) -> list[dict[str, Any]]:
+    """Mean post-shift Align and its paired shift over plain, with intervals over cases, per
+    group (``groups``: name → predicate on a case record) and method."""
+    rows = []
+    for group, keep in groups:
+        chosen = [c for c in cases if keep(c)]
+        if not chosen:
+            continue
+        plain = np.array([c["methods"]["plain"]["post"] for c in chosen])
+        for method in methods:
+            post = np.array([c["methods"][method]["post"] for c in chosen])
+            pre = np.array([c["methods"][method]["pre"] for c in chosen])
+            rows.append({key: group, "method": method, "cases": len(chosen),
+                         "align": float(post.mean()),
+                         "align_ci": mean_interval(post, config.num_bootstrap, config.seed),
+                         "shift": float((post - plain).mean()),
+                         "shift_ci": mean_interval(post - plain, config.num_bootstrap,
+                                                   config.seed),
+                         "pre_align": float(pre.mean())})
+    return rows
+
+
+def _claims(overall: list[dict[str, Any]], by_transition: list[dict[str, Any]],
+            methods: Sequence[str]) -> dict[str, Any]:
+    matched = [m for m in MATCHED if m in methods]
+    best = max((r for r in overall if r["method"] in matched), key=lambda r: r["align"])
+    winners = {}
+    for row in by_transition:
+        if row["method"] in matched:
+            current = winners.get(row["transition"])
+            if current is None or row["align"] > current["align"]:
+                winners[row["transition"]] = row
+    return {"best_matched_method_overall": best["method"],
+            "memory_best_overall": best["method"] == "memory",
+            "memory_best_transitions": sorted(t for t, r in winners.items()
+                                              if r["method"] == "memory"),
+            "best_by_transition": {t: r["method"] for t, r in sorted(winners.items())}}
+
+
+def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
+                       cases=None) -> dict[str, Any]:
+    """Calibrate each transition, walk every case under every method; the module docstring's
+    table. ``cases``: rows like :func:`~eval_harness.dialogue_cases.dialogue_cases` (default:
+    the shipped bank filtered by the config)."""
+    torch.manual_seed(config.seed)
+    if cases is None:
+        cases = dialogue_cases(config.transitions, config.lengths, config.branches)
+    cases = [dict(c) for c in cases]
+    context = model.config.max_position_embeddings
+    for case in cases:
+        check_case(case, context, tokenizer)
+        name = f"{case['old']}_to_{case['new']}"
+        if name not in config.transitions:
+            raise ValueError(f"case {case['id']}: its transition {name} is not among the "
+                             f"configured transitions {config.transitions}")
+    if not cases:
+        raise ValueError("no dialogue case matches the configured transitions, lengths and "
+                         "branches")
+    records, setups, kv = [], {}, {}
+    bar = tqdm(total=len(cases) * len(config.methods), desc="dialogue shift")
+    for transition in config.transitions:
+        mine = [c for c in cases if f"{c['old']}_to_{c['new']}" == transition]
+        if not mine:
+            continue
+        frozen = calibrate_transition(model, tokenizer, transition, config)
+        setups[transition] = frozen.setup
+        kv[transition] = _guidance_kv(model, tokenizer, frozen)
+        for case in mine:
+            record = {"id": case["id"], "transition": transition, "turns": case["turns"],
+                      "shift_turn": case["shift_turn"], "methods": {}}
+            for method in config.methods:
+                record["methods"][method] = walk_case(model, tokenizer, case, method, frozen,
+                                                      config.post_shift_history)
+                bar.update()
+            records.append(record)
+    bar.close()
+    methods = config.methods
+    by_transition = _summary(records, methods, "transition",
+                             [(t, lambda c, t=t: c["transition"] == t)
+                              for t in config.transitions], config)
+    by_length = _summary(records, methods, "turns",
+                         [(n, lambda c, n=n: c["turns"] == n) for n in sorted(config.lengths)],
+                         config)
+    overall = _summary(records, methods, "group", [("all", lambda c: True)], config)
+    return {"cases": records, "by_transition": by_transition, "by_length": by_length,
+            "overall": overall, "claims": _claims(overall, by_transition, methods),
+            "kv": kv, "setups": setups, "config": asdict(config)}

@@ -1,0 +1,292 @@
+"""Dialogue shift: the case bank, scoring on one cache against hand-computed log-probs, the bank
+swap at the shift turn, the prompt-replacement audit, bad input, and on the embedded model that
+a bank swap moves the margin towards the new style."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eval_harness.dialogue_cases import (
+    SHIFT_TURN,
+    STYLES,
+    TRANSITIONS,
+    check_case,
+    dialogue_cases,
+    shift_request,
+    style_descriptor,
+    transition_calibration,
+)
+from eval_harness.dialogue_shift import (
+    DialogueShiftConfig,
+    FrozenTransition,
+    run_dialogue_shift,
+    walk_case,
+)
+from eval_harness.runner import run_task, validate_results
+from hf_memory import BankSet, CAAVectors, Conversation, MemoryBank, Selector, steer
+from hf_memory.likelihood import reply_logprobs
+from tests.tiny_models import tiny_model
+
+TURNS = [("My sister is moving abroad next month.", "That is a big change for both of you."),
+         ("I want to give her something useful.", "A small travel journal could be lovely."),
+         ("She leaves on a Friday.", "Then plan the goodbye dinner for Thursday.")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model):
+    return default_model[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    """A tiny float64 Llama over the real tokenizer's vocabulary (exact comparisons)."""
+    return tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=2048)
+
+
+def _bank(model, tokenizer, text, name="persona"):
+    return MemoryBank.from_text(model, tokenizer, text, role="target", name=name,
+                                template="{text}", context="system")
+
+
+def _selector(layers, gain=2.0, heads=4):
+    return Selector(layers=list(layers), units={i: list(range(heads)) for i in layers},
+                    unit_type="head", layer_gains=dict.fromkeys(layers, gain),
+                    candidate_layers=list(layers))
+
+
+def _hand_logprob(model, tokenizer, messages, reply):
+    """log p(reply | messages) from one full forward pass, token by token."""
+    head = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    head_ids = tokenizer(head, add_special_tokens=False).input_ids
+    reply_ids = tokenizer(reply, add_special_tokens=False).input_ids
+    ids = torch.tensor([head_ids + reply_ids])
+    with torch.no_grad():
+        logprobs = model(input_ids=ids).logits[0].log_softmax(-1)
+    return sum(float(logprobs[len(head_ids) - 1 + i, t]) for i, t in enumerate(reply_ids))
+
+
+def test_case_bank_has_the_papers_structure():
+    cases = dialogue_cases()
+    assert len(cases) == 36 and set(cases.column_names) >= {"id", "user", "shift_turn"}
+    assert len(set(cases["id"])) == 36
+    for case in cases:
+        check_case(case)
+        assert case["shift_turn"] == SHIFT_TURN[case["turns"]]
+        assert case["user"][case["shift_turn"] - 1].startswith(shift_request(case["new"]))
+        assert sum(shift_request(s) in t for t in case["user"] for s in STYLES) == 1
+    transitions = {f"{c['old']}_to_{c['new']}" for c in cases}
+    assert transitions == set(TRANSITIONS)
+    # the 8-turn case is the start of the 16- and 24-turn ones (before their shift turns)
+    by_id = {c["id"]: c for c in cases}
+    for case in cases:
+        if case["turns"] == 8:
+            longer = by_id[case["id"].replace("-8-", "-24-")]
+            assert case["old_replies"] == longer["old_replies"][:8]
+            assert case["user"][:4] == longer["user"][:4]
+    # calibration items are disjoint from every dialogue text
+    texts = {t for c in cases for t in (*c["user"], *c["old_replies"], *c["new_replies"])}
+    for name in TRANSITIONS:
+        old, new = name.split("_to_")
+        pairs, drift = transition_calibration(old, new)
+        assert len(pairs) == 12 and len(drift) == 2
+        assert not texts & {x for p in pairs for x in p}
+
+
+def test_conversation_scores_replies_as_one_full_pass_does(tiny, tokenizer):
+    chat = Conversation(tiny, tokenizer, system="You are brief.")
+    for user, assistant in TURNS:
+        chat.add("user", user)
+        before = (chat.cache.get_seq_length(), list(chat.messages))
+        got = chat.reply_logprobs([assistant, "No idea."])
+        messages = chat.messages
+        want = [_hand_logprob(tiny, tokenizer, messages, r) for r in (assistant, "No idea.")]
+        assert got == pytest.approx(want, abs=1e-9)
+        # the batched probe left-pads the shorter row: float64 rounding, not a different sum
+        batch = reply_logprobs(tiny, tokenizer, [messages] * 2, [assistant, "No idea."])
+        assert got == pytest.approx(batch.tolist(), rel=1e-9)
+        assert chat.messages == before[1] and chat.cache.get_seq_length() >= before[0]
+        chat.add("assistant", assistant)
+    # the cache holds exactly the transcript's tokens: no candidate left behind
+    head = tokenizer.apply_chat_template(chat.messages[:-1], add_generation_prompt=True,
+                                         tokenize=False)
+    assert chat.cache.get_seq_length() == len(tokenizer(head, add_special_tokens=False).input_ids)
+
+
+def test_conversation_scores_under_steering_as_the_full_pass_does(tiny, tokenizer):
+    bank = _bank(tiny, tokenizer, "I worry about everything.")
+    chat = Conversation(tiny, tokenizer, banks=BankSet([bank], model=tiny), layers=[1, 2],
+                        layer_gains={1: 2.0, 2: 2.0})
+    chat.add("user", TURNS[0][0])
+    chat.add("assistant", TURNS[0][1])
+    chat.add("user", TURNS[1][0])
+    got = chat.reply_logprobs([TURNS[1][1]])
+    chat.close()
+    with steer(tiny, [bank], layers=[1, 2], layer_gains={1: 2.0, 2: 2.0}):
+        want = _hand_logprob(tiny, tokenizer, chat.messages, TURNS[1][1])
+    assert got == pytest.approx([want], abs=1e-9)
+    assert got != pytest.approx([_hand_logprob(tiny, tokenizer, chat.messages, TURNS[1][1])],
+                                abs=1e-6)
+
+
+def test_replacing_the_system_prompt_recomputes_the_whole_transcript(tiny, tokenizer):
+    chat = Conversation(tiny, tokenizer, system="Be calm.")
+    chat.add("user", TURNS[0][0])
+    chat.reply_logprobs([TURNS[0][1]])
+    chat.add("assistant", TURNS[0][1])
+    chat.add("user", TURNS[1][0])
+    chat.reply_logprobs([TURNS[1][1]])
+    length, computed = chat.cache.get_seq_length(), chat.computed_tokens
+    chat.add("assistant", TURNS[1][1])
+    chat.add("user", TURNS[2][0])
+    chat.reply_logprobs(["Yes."])
+    appended = chat.computed_tokens - computed
+    chat.set_system("Be worried.")
+    chat.reply_logprobs(["Yes."])
+    recomputed = chat.computed_tokens - computed - appended
+    assert recomputed > length  # everything from the changed system prompt on
+    assert chat.messages[0] == {"role": "system", "content": "Be worried."}
+    with pytest.raises(ValueError, match="non-empty"):
+        chat.set_system(" ")
+    with pytest.raises(ValueError, match="ends with a user turn"):
+        chat.add("assistant", "Yes.")
+        chat.reply_logprobs(["Yes."])
+    with pytest.raises(ValueError, match="role"):
+        chat.add("system", "x")
+
+
+def _tiny_case(turns=4, shift=3):
+    users = [u for u, _ in TURNS] + ["Any last advice?"]
+    return {"id": "tiny", "root": "tiny", "family": "support", "branch": "a", "turns": turns,
+            "old": "dismissive", "new": "anxious", "shift_turn": shift,
+            "user": users[:turns],
+            "old_replies": ["Whatever, it's fine."] * turns,
+            "new_replies": ["Oh no, I'm so worried about it."] * turns}
+
+
+def _tiny_frozen(model, tokenizer, layers=(1, 2)):
+    old, new = _bank(model, tokenizer, "Nothing matters."), _bank(model, tokenizer, "I worry.")
+    caa = CAAVectors.extract(model, tokenizer, [("I worry.", "Nothing matters.")], layers=[1])
+    return FrozenTransition(
+        "dismissive", "anxious", {"old": BankSet([old], model=model),
+                                  "new": BankSet([new], model=model)},
+        {"old": "Nothing matters.", "new": "I worry."}, _selector(layers), caa, 4.0,
+        {"descriptors": {"old": "Nothing matters.", "new": "I worry."}})
+
+
+def test_the_bank_swaps_exactly_at_the_shift_turn(tiny, tokenizer):
+    case, frozen = _tiny_case(), _tiny_frozen(tiny, tokenizer)
+    swapped = walk_case(tiny, tokenizer, case, "memory", frozen)["align"]
+    stay = FrozenTransition(**{**vars(frozen), "banks": {"old": frozen.banks["old"],
+                                                          "new": frozen.banks["old"]}})
+    never = walk_case(tiny, tokenizer, case, "memory", stay)["align"]
+    start = FrozenTransition(**{**vars(frozen), "banks": {"old": frozen.banks["new"],
+                                                           "new": frozen.banks["new"]}})
+    always = walk_case(tiny, tokenizer, case, "memory", start)["align"]
+    shift = case["shift_turn"]
+    assert swapped[:shift - 1] == never[:shift - 1]  # identical before the shift
+    for turn in range(shift - 1, case["turns"]):
+        assert swapped[turn] != pytest.approx(never[turn], abs=1e-6)
+        # the transcript before the shift was computed under the old bank: not the same as
+        # steering with the new bank from the start
+        assert swapped[turn] != pytest.approx(always[turn], abs=1e-6)
+    # the model is left exactly as it was
+    assert tiny.config._attn_implementation == "sdpa"
+
+
+def test_plain_and_caa_equal_full_passes_with_the_vector_flipped_at_the_shift(tiny, tokenizer):
+    from hf_memory import apply_caa
+
+    case, frozen = _tiny_case(), _tiny_frozen(tiny, tokenizer)
+    shift, scale = case["shift_turn"], frozen.caa_scale
+    plain = walk_case(tiny, tokenizer, case, "plain", frozen)
+    caa = walk_case(tiny, tokenizer, case, "caa", frozen)["align"]
+    messages, boundary = [], None
+    for turn in range(case["turns"]):
+        if turn + 1 == shift:  # the transcript before the shift turn, as the cache holds it
+            rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+            boundary = len(tokenizer(rendered, add_special_tokens=False).input_ids)
+        messages.append({"role": "user", "content": case["user"][turn]})
+        replies = (case["new_replies"][turn], case["old_replies"][turn])
+
+        def margin(msgs=messages, replies=replies):
+            return (_hand_logprob(tiny, tokenizer, msgs, replies[0])
+                    - _hand_logprob(tiny, tokenizer, msgs, replies[1]))
+
+        assert plain["align"][turn] == pytest.approx(margin(), abs=1e-9)
+        with apply_caa(tiny, frozen.caa, scale=-scale, start_position=0):
+            if boundary is None:
+                want = margin()
+            else:  # -v before the boundary, +v from it on
+                with apply_caa(tiny, frozen.caa, scale=2 * scale, start_position=boundary):
+                    want = margin()
+        assert caa[turn] == pytest.approx(want, abs=1e-9)
+        messages.append({"role": "assistant", "content": case["old_replies"][turn]})
+    assert plain["pre"] == pytest.approx(sum(plain["align"][:shift - 1]) / (shift - 1))
+    assert plain["post"] == pytest.approx(sum(plain["align"][shift - 1:]) / (5 - shift))
+
+
+def test_bad_cases_and_transitions_get_one_clear_line(tiny, tokenizer):
+    case = _tiny_case()
+    with pytest.raises(ValueError, match="no shift turn"):
+        check_case({k: v for k, v in case.items() if k != "shift_turn"})
+    with pytest.raises(ValueError, match=r"shift_turn must be a turn in \[2, 4\]"):
+        check_case({**case, "shift_turn": 9})
+    with pytest.raises(ValueError, match="unknown transition 'warm_to_anxious'"):
+        DialogueShiftConfig(transitions=["warm_to_anxious"])
+    with pytest.raises(ValueError, match="unknown style"):
+        check_case({**case, "new": "grumpy"})
+    with pytest.raises(ValueError, match="user must be 4 non-empty texts"):
+        check_case({**case, "user": case["user"][:3]})
+    long = {**case, "user": ["word " * 600] * 4}
+    with pytest.raises(ValueError, match="do not fit the model's context of 2048"):
+        check_case(long, 2048, tokenizer)
+    with pytest.raises(ValueError, match="must include 'plain'"):
+        DialogueShiftConfig(methods=["memory"])
+    with pytest.raises(ValueError, match="not among the configured transitions"):
+        run_dialogue_shift(tiny, tokenizer, DialogueShiftConfig(
+            transitions=["warm_to_assertive"]), cases=[case])
+
+
+def test_end_to_end_on_a_tiny_model_writes_valid_results_and_a_report(tiny, tokenizer,
+                                                                       tmp_path):
+    from eval_harness.report import render_report
+
+    config = DialogueShiftConfig(transitions=["dismissive_to_anxious"], lengths=[8],
+                                 branches=["a"], calibration_pairs=2, drift_pairs=1,
+                                 top_layers=2, gains=[1.0], caa_layer=1, caa_scales=[1.0],
+                                 num_bootstrap=20, selectors_dir=str(tmp_path / "sel"))
+    path = run_task("dialogue-shift", lambda: run_dialogue_shift(tiny, tokenizer, config),
+                    model=tiny, config=vars(config), seed=0, out=tmp_path)
+    record = json.loads(path.read_text())
+    validate_results(record)
+    results = record["results"]
+    assert [c["id"] for c in results["cases"]] == [c["id"] for c in dialogue_cases(
+        ["dismissive_to_anxious"], [8], ["a"])]
+    rows = {r["method"]: r for r in results["overall"]}
+    assert rows["plain"]["shift"] == 0.0 and set(rows) == set(config.methods)
+    assert results["kv"]["dismissive_to_anxious"]["prompt-init"]["visible"] > 0
+    assert results["kv"]["dismissive_to_anxious"]["memory"]["visible"] == 0
+    computed = {m: results["cases"][0]["methods"][m]["computed_tokens"] for m in config.methods}
+    assert computed["prompt-repl"] > computed["prompt-init"]  # the audit re-prefills
+    written = render_report(path, tmp_path / "report")
+    assert {p.name for p in written} >= {"report.md", "dialogue_shift.png"}
+
+
+@pytest.mark.slow
+def test_a_bank_swap_moves_the_real_models_margin_towards_the_new_style(default_model):
+    model, tokenizer = default_model
+    case = dict(dialogue_cases(["dismissive_to_anxious"], [8], ["a"])[0])
+    banks = {k: BankSet([_bank(model, tokenizer, style_descriptor(s))], model=model)
+             for k, s in (("old", "dismissive"), ("new", "anxious"))}
+    layers = (18, 23, 24, 26, 27)  # what the behavioural search picks for this transition
+    frozen = FrozenTransition("dismissive", "anxious", banks, {}, _selector(layers, 4.0, 9),
+                              None, 0.0, {})
+    stay = FrozenTransition(**{**vars(frozen), "banks": {"old": banks["old"],
+                                                          "new": banks["old"]}})
+    swapped = walk_case(model, tokenizer, case, "memory", frozen)
+    never = walk_case(model, tokenizer, case, "memory", stay)
+    assert swapped["pre"] == never["pre"]
+    assert swapped["post"] > never["post"] + 1.0
