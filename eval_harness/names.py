@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "TASKS", "checked_directions"]
+__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "RULES", "TASKS",
+           "checked_directions"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
+RULES = ("one_word", "number_only", "french")  # guidance: answer-format rules
 # tasks of our own model families -> the model_type each needs
 FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith", "asm-lm": "asm",
                 "asm-refinement": "asm"}
 TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
          "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories",
-         "capability", "persistence")
+         "capability", "persistence", "dialogue-shift", "guidance")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")
 
 

@@ -151,6 +151,14 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         from .persistence_report import render_persistence
 
         return render_persistence(record, out)
+    if task == "guidance":
+        from .guidance_report import render_guidance
+
+        return render_guidance(record, out)
+    if task == "dialogue-shift":
+        from .dialogue_shift_report import render_dialogue_shift
+
+        return render_dialogue_shift(record, out)
     if task == "capability":
         from .capability_report import render_capability
 

@@ -6,7 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
-from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, TASKS
+from eval_harness.dialogue_cases import SHIFT_TURN, TRANSITIONS
+from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, RULES, TASKS
 
 from .types import finite, non_negative, non_negative_int, positive_int
 
@@ -21,6 +22,11 @@ def _csv(choices: tuple[str, ...]):
             raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)}; got {text!r}")
         return values
     return parse
+
+
+def _csv_ints(choices: tuple[int, ...]):
+    words = _csv(tuple(str(c) for c in choices))
+    return lambda text: [int(v) for v in words(text)]
 
 
 def _limit(text: str) -> int:
@@ -151,6 +157,36 @@ def _ffn_memories(args: argparse.Namespace, model, tokenizer, out: Path) -> Path
                     config={"sentences": args.sentences, "model": args.model})
 
 
+def _dialogue_shift(args: argparse.Namespace, model, tokenizer, out: Path) -> Path:
+    import json
+
+    from eval_harness.dialogue_shift import DialogueShiftConfig, run_dialogue_shift
+    from eval_harness.runner import run_task
+
+    cases = None
+    if args.cases is not None:
+        try:
+            cases = json.loads(Path(args.cases).read_text())
+        except OSError as error:
+            raise ValueError(f"cannot read the cases {args.cases}: {error.strerror}") from None
+        except ValueError as error:
+            raise ValueError(f"{args.cases} is not valid JSON: {error}") from None
+        if not isinstance(cases, list) or not cases:
+            raise ValueError(f"{args.cases} must hold a non-empty JSON list of cases")
+    transitions = args.transitions or (
+        sorted({f"{c.get('old')}_to_{c.get('new')}" for c in cases if isinstance(c, dict)})
+        if cases else list(TRANSITIONS))
+    config = DialogueShiftConfig(
+        transitions=transitions, lengths=args.turns, branches=args.branches,
+        post_shift_history=args.post_shift_history,
+        calibration_pairs=args.calibration_pairs or 12, top_layers=args.top_layers,
+        candidate_layers=args.candidate_layers, caa_layer=args.caa_layer,
+        num_bootstrap=args.bootstrap, seed=args.seed,
+        selectors_dir=args.selectors or str(out / "selectors"))
+    return run_task("dialogue-shift", lambda: run_dialogue_shift(model, tokenizer, config, cases),
+                    model=model, config=vars(config), seed=args.seed, out=out)
+
+
 def _suite(args: argparse.Namespace) -> None:
     """Run every entry of a suite file through ``eval`` and compare them in one report."""
     import yaml
@@ -218,7 +254,7 @@ def _eval(args: argparse.Namespace) -> None:
         steering = TraitSteeringConfig(directions=args.directions, limit=args.limit,
                                        questionnaire_limit=args.limit,
                                        candidate_layers=args.candidate_layers,
-                                       calibration_pairs=args.calibration_pairs,
+                                       calibration_pairs=args.calibration_pairs or 24,
                                        top_layers=args.top_layers, caa_layer=args.caa_layer,
                                        num_bootstrap=args.bootstrap, seed=args.seed,
                                        selectors_dir=args.selectors or str(out / "selectors"))
@@ -242,6 +278,18 @@ def _eval(args: argparse.Namespace) -> None:
                                    seed=args.seed,
                                    selectors_dir=args.selectors or str(out / "selectors"))
         path = run_task("persistence", lambda: run_persistence(model, tokenizer, config),
+                        model=model, config=vars(config), seed=args.seed, out=out)
+    elif args.task == "dialogue-shift":
+        path = _dialogue_shift(args, model, tokenizer, out)
+    elif args.task == "guidance":
+        from eval_harness.guidance import GuidanceConfig, run_guidance
+
+        config = GuidanceConfig(rules=args.rules, generate=not args.no_generate,
+                                top_layers=args.top_layers,
+                                candidate_layers=args.candidate_layers,
+                                num_bootstrap=args.bootstrap, seed=args.seed,
+                                selectors_dir=args.selectors or str(out / "selectors"))
+        path = run_task("guidance", lambda: run_guidance(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task in ("bigfive", "bigfive-gen"):
         config = BigFiveConfig(methods=args.method, traits=args.traits, limit=args.limit,
@@ -309,9 +357,10 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--candidate-layers", type=_layer_spec, metavar="SPEC",
                      help="trait-steering: layers the behavioural selector may pick (default: "
                           "all)")
-    run.add_argument("--calibration-pairs", type=_pairs_count, default=24, metavar="N",
-                     help="trait-steering / layer-ablation: calibration pairs per direction for "
-                          "the selector and the CAA scale, 1-24 (default: all 24)")
+    run.add_argument("--calibration-pairs", type=_pairs_count, metavar="N",
+                     help="trait-steering / layer-ablation / dialogue-shift: calibration pairs "
+                          "per direction for the selector and the CAA scale (default: all: 24 "
+                          "per Big Five direction, 12 per style transition)")
     run.add_argument("--gain", type=non_negative, default=2.0, help="bank gain lambda")
     run.add_argument("--caa-layer", type=non_negative_int, default=10)
     run.add_argument("--caa-scale", type=finite, default=2.0)
@@ -340,6 +389,25 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                           "0,256,1024,2048)")
     run.add_argument("--items", type=positive_int, default=8, metavar="N",
                      help="persistence: held-out items per direction (default: 8)")
+    run.add_argument("--transitions", type=_csv(TRANSITIONS), metavar="T,T,...",
+                     help="dialogue-shift: style transitions (default: all six, or those of "
+                          "--cases)")
+    run.add_argument("--turns", type=_csv_ints(tuple(SHIFT_TURN)), default=list(SHIFT_TURN),
+                     metavar="N,N,...", help="dialogue-shift: case lengths among 8,16,24 "
+                                             "(default: all)")
+    run.add_argument("--branches", type=_csv(("a", "b")), default=["a", "b"],
+                     help="dialogue-shift: branches of each root (default: a,b)")
+    run.add_argument("--post-shift-history", choices=("old", "new"), default="old",
+                     help="dialogue-shift: the transcript's assistant replies after the shift "
+                          "in the old style (default) or the new")
+    run.add_argument("--cases", metavar="JSON",
+                     help="dialogue-shift: your own cases (a JSON list of rows with id, root, "
+                          "family, branch, turns, old, new, shift_turn, user, old_replies, "
+                          "new_replies) instead of the shipped bank")
+    run.add_argument("--rules", type=_csv(RULES), default=list(RULES),
+                     help=f"guidance: answer-format rules (default: {','.join(RULES)})")
+    run.add_argument("--no-generate", action="store_true",
+                     help="guidance: likelihood compliance only (skip the judged generations)")
     run.add_argument("--pool-size", type=positive_int, default=1024, metavar="N",
                      help="arith-splits: sequences per pool (default: 1024)")
     run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",

@@ -63,6 +63,14 @@ BAD_INPUTS = [
     (["eval", "capability", "--additions", "0", "--out", OUT], "must be >= 1"),
     (["eval", "persistence", "--lengths", "0,-5", "--out", OUT], "expected token counts"),
     (["eval", "capability", "--directions", "N+,Z-", "--out", OUT], "choose from"),
+    (["eval", "dialogue-shift", "--transitions", "warm_to_anxious", "--out", OUT],
+     "choose from"),
+    (["eval", "dialogue-shift", "--turns", "8,12", "--out", OUT], "choose from"),
+    (["eval", "dialogue-shift", "--cases", "{tmp}/corrupt.json", "--out", OUT],
+     "is not valid JSON"),
+    (["eval", "dialogue-shift", "--cases", "{tmp}/no_shift.json", "--out", OUT],
+     "case mine: no shift turn"),
+    (["eval", "guidance", "--rules", "one_word,haiku", "--out", OUT], "choose from"),
     (["eval", "asm-refinement", "--model", "{tmp}/llama", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/missing", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/banks", "--out", OUT], "cannot load model"),
@@ -86,6 +94,8 @@ def inputs(tmp_path):
     """Malformed files beside the test's output folder (which must never be created)."""
     (tmp_path / "corrupt.json").write_text('{"task": "bigfive", "payl')
     (tmp_path / "other.json").write_text('{"a list": [1, 2, 3]}')
+    (tmp_path / "no_shift.json").write_text(
+        '[{"id": "mine", "old": "warm", "new": "assertive", "turns": 2, "user": ["a", "b"]}]')
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
     bank = MemoryBank.from_tensors(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), name="b",
                                    layers=(0,))

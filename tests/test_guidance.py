@@ -1,0 +1,83 @@
+"""Guidance banks: the rule data, the rule judge (on labelled replies and edge cases), the
+config's errors, and an end-to-end run on a tiny model through the harness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval_harness.guidance import (
+    RULES,
+    GuidanceConfig,
+    RuleJudge,
+    rule_items,
+    rule_text,
+    run_guidance,
+    validate_rule_judge,
+)
+from eval_harness.runner import run_task, validate_results
+from tests.tiny_models import tiny_model
+
+
+def test_rules_have_disjoint_calibration_and_held_out_questions():
+    seen = set()
+    for rule in RULES:
+        calibration, held_out = rule_items(rule)
+        assert (len(calibration), len(held_out)) == (12, 24)
+        questions = [i["question"] for i in calibration + held_out]
+        assert len(set(questions)) == 36 and not seen & set(questions)
+        seen |= set(questions)
+        assert rule_text(rule).strip()
+    with pytest.raises(ValueError, match="calibration_items must be an integer in"):
+        rule_items("french", 36)
+    with pytest.raises(ValueError, match="unknown rule 'haiku'"):
+        rule_text("haiku")
+
+
+@pytest.mark.parametrize(("rule", "text", "follows"), [
+    ("one_word", "Blue.", True), ("one_word", "Rock-solid", True), ("one_word", "Blue sky", False),
+    ("one_word", "42", False), ("one_word", "", False),
+    ("number_only", "12", True), ("number_only", "-3.5", True), ("number_only", "12 legs", False),
+    ("number_only", "twelve", False), ("number_only", "The answer is 12", False),
+    ("french", "Le chat dort sur le canapé.", True),
+    ("french", "The cat sleeps on the sofa.", False), ("french", "", False),
+    ("french", "12345", False),
+])
+def test_rule_judge_on_edge_cases(rule, text, follows):
+    assert RuleJudge().complies(rule, text) is follows
+
+
+def test_rule_judge_agrees_with_every_labelled_reply():
+    result = validate_rule_judge(RuleJudge())
+    assert {rule: v["agreement"] for rule, v in result["rules"].items()} == dict.fromkeys(
+        RULES, 1.0)
+
+
+def test_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown rule"):
+        GuidanceConfig(rules=["haiku"])
+    with pytest.raises(ValueError, match="include 'plain'"):
+        GuidanceConfig(methods=["memory"])
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+        GuidanceConfig(max_new_tokens=0)
+
+
+def test_end_to_end_on_a_tiny_model(default_model, tmp_path):
+    from eval_harness.report import render_report
+
+    tokenizer = default_model[1]
+    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=2048)
+    config = GuidanceConfig(rules=["number_only"], calibration_items=3, drift_items=1,
+                            max_new_tokens=3, top_layers=2, gains=[1.0], num_bootstrap=20,
+                            selectors_dir=str(tmp_path / "sel"))
+    path = run_task("guidance", lambda: run_guidance(model, tokenizer, config), model=model,
+                    config=vars(config), seed=0, out=tmp_path)
+    record = json.loads(path.read_text())
+    validate_results(record)
+    rows = {r["method"]: r for r in record["results"]["rows"]}
+    assert set(rows) == {"plain", "prompt", "memory"} and rows["plain"]["shift"] == 0.0
+    assert all(r["items"] == 33 for r in rows.values())
+    assert len(record["results"]["generations"]["number_only/memory"]) == 33
+    written = render_report(path, tmp_path / "report")
+    assert {p.name for p in written} == {"report.md", "guidance.png"}
