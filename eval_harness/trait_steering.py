@@ -18,6 +18,7 @@ prompt, the neutral text and the reference descriptor as prompts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -56,8 +57,8 @@ from .metrics import load_metric
 from .names import DIRECTIONS, FACTORS, checked_directions
 
 __all__ = ["DIRECTIONS", "CAAFromStart", "FrozenDirection", "TraitSteeringConfig",
-           "behavioural_selector", "calibrate_direction", "eval_pairs", "run_layer_ablation",
-           "run_trait_steering"]
+           "bank_sources", "behavioural_selector", "calibrate_direction", "eval_pairs",
+           "run_layer_ablation", "run_trait_steering"]
 
 EVAL_PATH = Path(__file__).parent / "data" / "trait_pairs.json"
 
@@ -125,24 +126,67 @@ def _bank(model, tokenizer, text: str, role: str, name: str, config) -> MemoryBa
                                 template=config.bank_template, context=config.bank_context)
 
 
+def bank_sources(banks: BankSet) -> list[dict[str, Any]] | None:
+    """What each bank was built from (name, role, gain, text, context, templates, token ids),
+    without its tensors: the same for every run of the same recipe on the same model, where
+    the content hash can differ in the last bits with the thread count. None if a bank was not
+    built from text."""
+    sources = []
+    for bank in banks:
+        provenance = bank.provenance
+        if provenance.get("source") != "text":
+            return None
+        variants = provenance["variants"]
+        sources.append({"name": bank.name, "role": bank.role, "gain": bank.gain,
+                        "text_sha256": provenance["text_sha256"],
+                        "context": provenance["context"],
+                        "templates": [v["template"] for v in variants],
+                        "token_ids": [v["token_ids"] for v in variants]})
+    return sources
+
+
+def _same_banks(saved: Selector, banks: BankSet, sources) -> bool:
+    """The saved selector was calibrated for these banks: identical tensors, or (same model,
+    checked on loading) the same recipe — recorded by :func:`behavioural_selector`, or the
+    package's ``bank_recipe`` for the shipped selectors."""
+    if saved.config.get("banks") == banks.audit():
+        return True
+    if sources is None:
+        return False
+    if saved.config.get("bank_sources") is not None:
+        return saved.config["bank_sources"] == sources
+    recipe = saved.config.get("bank_recipe")
+    if recipe is None or len(sources) != 1:
+        return False
+    (source,) = sources
+    audit = [{k: v for k, v in entry.items() if k != "content_hash"}
+             for entry in saved.config.get("banks", [])]
+    return (audit == [{"gain": source["gain"], "name": source["name"], "role": source["role"]}]
+            and source["text_sha256"] == hashlib.sha256(recipe["text"].encode()).hexdigest()
+            and source["context"] == recipe["context"]
+            and source["templates"] == [recipe["template"]])
+
+
 def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
                          name: str) -> Selector:
     """Reuse a frozen selector for the same banks, calibration pairs and objective (the one saved
     under ``config.selectors_dir / name``, else the one shipped with the package under
     ``name``), or calibrate one and save it there. ``config`` carries the search's knobs
     (``top_layers``, ``candidate_layers``, ``gains``, ``uncertainty_weight``, ``batch_size``,
-    ``selectors_dir``)."""
+    ``selectors_dir``). Banks match by recipe (:func:`bank_sources`), so a selector is reused
+    across thread counts."""
     path = Path(config.selectors_dir) / name if config.selectors_dir else None
-    wanted = {"banks": banks.audit(), "pairs_sha256": pairs_digest(pairs, drift),
+    wanted = {"pairs_sha256": pairs_digest(pairs, drift),
               "uncertainty_weight": config.uncertainty_weight, "top_layers": config.top_layers,
               "gains": sorted(float(g) for g in config.gains)}
+    sources = bank_sources(banks)
     candidates = sorted({layer for bank in banks for layer in bank.layers}
                         if config.candidate_layers is None else set(config.candidate_layers))
     shipped = Path(str(selectors_dir())) / name
     for place in (path, shipped):
         if place is not None and (place / "selector.json").is_file():
             saved = Selector.from_pretrained(place, model=model)
-            if (saved.candidate_layers == candidates
+            if (saved.candidate_layers == candidates and _same_banks(saved, banks, sources)
                     and all(saved.config.get(key) == value for key, value in wanted.items())):
                 return saved
     selector = Selector.calibrate_behavioural(
@@ -150,6 +194,7 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
         candidate_layers=config.candidate_layers, gains=config.gains,
         uncertainty_weight=config.uncertainty_weight, batch_size=config.batch_size,
         progress=False)
+    selector.config["bank_sources"] = sources
     if path is not None:
         selector.save_pretrained(path)
     return selector
