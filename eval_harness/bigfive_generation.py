@@ -3,7 +3,9 @@
 Each method, steered towards a target trait, answers open-ended held-out prompts; the judge
 scores every response on the five traits and coherence (1–5). Mean judged trait scores give
 Δ_target, non-target drift and GAS = Δ_target − D against the plain model, through the same
-``drift_adjusted_score`` metric as the questionnaire.
+``drift_adjusted_score`` metric as the questionnaire. The default judge is
+:class:`~eval_harness.judges.AffectLexiconJudge`; the results carry its agreement (and the
+hand-made lexicon judge's) on the labelled held-out trait pairs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from typing import Any
 from hf_memory import Method, generate_with
 
 from .bigfive import BigFiveConfig, run_conditions, summarize
-from .judges import Judge, LexiconJudge, validate_judge
+from .judges import (
+    AffectLexiconJudge,
+    Judge,
+    LexiconJudge,
+    validate_judge,
+    validate_judge_on_pairs,
+)
 from .names import FACTORS
 
 __all__ = ["GENERATION_PROMPTS", "run_bigfive_generation"]
@@ -33,7 +41,7 @@ def run_bigfive_generation(model, tokenizer, config: BigFiveConfig, *,
                            judge: Judge | None = None, max_new_tokens: int = 48,
                            prompts: tuple[str, ...] = GENERATION_PROMPTS) -> dict[str, Any]:
     """Generate, judge, and score every (target trait, method); return the task's results."""
-    judge = judge or LexiconJudge()
+    judge = judge or AffectLexiconJudge()
     prompts = prompts[: config.limit] if config.limit else prompts
 
     def generate_and_judge(method: Method):
@@ -50,5 +58,8 @@ def run_bigfive_generation(model, tokenizer, config: BigFiveConfig, *,
                             / len(run["outputs"]))
     return {"runs": runs, "summary": summarize(runs), "calibration": log,
             "config": {k: v for k, v in asdict(config).items() if k != "extra"},
-            "judge": {"name": judge.name, "validation": validate_judge(judge)},
+            "judge": {"name": judge.name, "validation": validate_judge(judge),
+                      "pairs": validate_judge_on_pairs(judge)},
+            "judges_compared": [validate_judge_on_pairs(j)
+                                for j in (LexiconJudge(), AffectLexiconJudge())],
             "items": {"source": "held-out open-ended prompts", "count": len(prompts)}}

@@ -13,15 +13,26 @@ on 1–5) can be plugged into the generation task; :class:`LexiconJudge` is the 
 It is validated on :data:`VALIDATION_TEXTS`, hand-written texts labelled with a trait pole
 (:func:`validate_judge` reports the share judged on the right side of 3), and on fluent vs
 looping texts for coherence — see the tests. It is a weak judge: it sees words, not meaning.
+
+:class:`AffectLexiconJudge` (the default of ``bigfive-gen``) replaces the hand-made lists where
+validated lexicons fit: neuroticism and agreeableness from the NRC Emotion Lexicon (``nrclex``,
+Mohammad & Turney's crowd-sourced word–emotion associations) and VADER's valence
+(``vaderSentiment``, Hutto & Gilbert), keeping the hand lists for openness, conscientiousness and
+extraversion, which no emotion or valence lexicon measures. :func:`validate_judge_on_pairs`
+reports every judge's agreement on the 80 labelled held-out trait pairs
+(``data/trait_pairs.json``: the trait-high reply must score above the trait-low one).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-__all__ = ["LEXICON", "VALIDATION_TEXTS", "Judge", "LexiconJudge", "validate_judge"]
+__all__ = ["AFFECT", "LEXICON", "VALIDATION_TEXTS", "AffectLexiconJudge", "Judge",
+           "LexiconJudge", "validate_judge", "validate_judge_on_pairs"]
 
 LEXICON: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "O": (("curious", "imagin", "creativ", "art", "idea", "explor", "wonder", "novel", "inspir",
@@ -100,6 +111,61 @@ class LexiconJudge:
         bigrams = list(zip(words, words[1:], strict=False))
         scores["coherence"] = 1.0 + 4.0 * (len(set(bigrams)) / len(bigrams) if bigrams else 0.0)
         return scores
+
+
+# trait -> (NRC emotions of the high pole, of the low pole); VADER valence adds to the side of
+# its sign (high for A, low for N)
+AFFECT: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
+    "N": (("fear", "sadness", "negative"), ("trust", "joy", "positive"), -1),
+    "A": (("trust", "joy", "positive"), ("anger", "disgust", "negative"), 1),
+}
+
+
+class AffectLexiconJudge(LexiconJudge):
+    """N and A from NRC emotions and VADER valence, O, C, E and coherence as
+    :class:`LexiconJudge`: 3 + 2·(high − low)/(high + low + 1), where each side counts the
+    words of its NRC emotions plus 2·|compound| of VADER's valence on its side."""
+
+    name = "nrc-vader-v1"
+
+    def __init__(self) -> None:
+        from importlib import resources
+
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+        self._nrc = json.loads(resources.files("nrclex.data").joinpath("nrc_en.json")
+                               .read_text(encoding="utf-8"))
+        self._vader = SentimentIntensityAnalyzer()
+
+    def judge(self, prompt: str, response: str) -> dict[str, float]:
+        scores = super().judge(prompt, response)
+        emotions: Counter[str] = Counter()
+        for word in re.findall(r"[a-z']+", response.lower()):
+            emotions.update(self._nrc.get(word, ()))
+        valence = self._vader.polarity_scores(response)["compound"]
+        for trait, (high, low, sign) in AFFECT.items():
+            up = sum(emotions[e] for e in high) + 2.0 * max(0.0, sign * valence)
+            down = sum(emotions[e] for e in low) + 2.0 * max(0.0, -sign * valence)
+            scores[trait] = 3.0 + 2.0 * (up - down) / (up + down + 1)
+        return scores
+
+
+def validate_judge_on_pairs(judge: Judge) -> dict[str, Any]:
+    """Per trait, the share of the held-out trait pairs whose trait-high reply the judge scores
+    above the trait-low reply on that trait (ties count as misses)."""
+    from pathlib import Path
+
+    items = json.loads((Path(__file__).parent / "data" / "trait_pairs.json").read_text())
+    per_trait: dict[str, list[bool]] = {}
+    for item in items["items"]:
+        trait = item["trait"]
+        high = judge.judge(item["question"], item["high"])[trait]
+        low = judge.judge(item["question"], item["low"])[trait]
+        per_trait.setdefault(trait, []).append(high > low)
+    agreement = {t: sum(v) / len(v) for t, v in per_trait.items()}
+    total = sum(len(v) for v in per_trait.values())
+    return {"judge": judge.name, "pairs": total, "agreement": agreement,
+            "overall": sum(sum(v) for v in per_trait.values()) / total}
 
 
 def validate_judge(judge: Judge) -> dict[str, Any]:

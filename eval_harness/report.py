@@ -187,8 +187,14 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         judge = results["judge"]
         coherence = ", ".join(f"{r['method']}{'/' + r['target'] if r['target'] else ''} "
                               f"{r['coherence']:.2f}" for r in results["runs"])
+        pairs = ("" if "pairs" not in judge else
+                 "; agreement on the 80 labelled trait pairs: " + ", ".join(
+                     f"{j['judge']} {j['overall']:.2f} ("
+                     + " ".join(f"{t} {a:.2f}" for t, a in j["agreement"].items()) + ")"
+                     for j in results.get("judges_compared", [judge["pairs"]])))
         sections.append(f"Judge `{judge['name']}` (validation accuracy "
-                        f"{judge['validation']['accuracy']:.2f}); coherence 1-5: {coherence}")
+                        f"{judge['validation']['accuracy']:.2f}{pairs}); coherence 1-5: "
+                        f"{coherence}")
     header = (f"# {title}\n\nModel `{record['model']['name_or_path']}`, "
               f"{results['items']['count']} items, wall time {record['wall_time_s']:.0f} s, "
               f"git {record['environment']['git_sha']}.\n\nSelected sites per trait: "

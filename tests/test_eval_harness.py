@@ -152,6 +152,27 @@ def test_lexicon_judge_is_validated_and_scores_coherence():
     assert 1.0 <= looping["coherence"] <= 5.0
 
 
+def test_affect_lexicon_judge_beats_the_hand_lists_on_the_labelled_pairs():
+    from eval_harness.judges import (
+        AffectLexiconJudge,
+        LexiconJudge,
+        validate_judge,
+        validate_judge_on_pairs,
+    )
+
+    affect, hand = AffectLexiconJudge(), LexiconJudge()
+    assert validate_judge(affect)["accuracy"] >= 0.9
+    ours, theirs = validate_judge_on_pairs(affect), validate_judge_on_pairs(hand)
+    assert ours["pairs"] == 80
+    for trait in ("N", "A"):  # the traits the NRC / VADER lexicons score
+        assert ours["agreement"][trait] > theirs["agreement"][trait]
+    for trait in ("O", "C", "E"):  # the hand lists, unchanged
+        assert ours["agreement"][trait] == theirs["agreement"][trait]
+    worried = affect.judge("", "I'm so afraid and sad, this is terrible.")
+    calm = affect.judge("", "I feel calm, confident and happy.")
+    assert worried["N"] > 3.0 > calm["N"] and calm["A"] > worried["A"]
+
+
 @pytest.mark.slow
 def test_bigfive_generation_smoke_run(tmp_path):
     assert cli.main(["eval", "bigfive-gen", "--limit", "2", "--traits", "N",
@@ -165,7 +186,9 @@ def test_bigfive_generation_smoke_run(tmp_path):
         assert len(run["outputs"]) == 2 and 1 <= run["coherence"] <= 5
         assert all(o["response"] for o in run["outputs"])
     assert set(record["results"]["summary"]) == {"prompt", "memory"}
-    assert "Judge `lexicon-v1`" in (tmp_path / "report.md").read_text()
+    assert "Judge `nrc-vader-v1`" in (tmp_path / "report.md").read_text()
+    compared = {j["judge"]: j for j in record["results"]["judges_compared"]}
+    assert set(compared) == {"lexicon-v1", "nrc-vader-v1"}
 
 
 @pytest.mark.slow
