@@ -24,6 +24,11 @@ case), 95 % bootstrap intervals over cases, per transition, per length and overa
 Align (the old guidance holding); the guidance KV each method carries (visible prompt tokens vs
 latent bank / vector bytes) and the tokens it ran through the model.
 
+With ``generate=True`` every case is also run in the paper's generation form
+(:func:`generate_case`): the model writes every assistant turn itself and post-shift replies are
+judged by :class:`~eval_harness.style_judge.StyleJudge` (validated on the bank's labelled pairs,
+reported in the results).
+
 Calibration (disjoint from every dialogue): per transition, the behavioural selector for the new
 style's bank and the CAA scale are chosen on the pair's calibration items
 (:func:`~eval_harness.dialogue_cases.transition_calibration`) exactly as trait steering chooses
@@ -60,7 +65,7 @@ from .intervals import mean_interval
 from .trait_steering import CAAFromStart, behavioural_selector
 
 __all__ = ["METHODS", "DialogueShiftConfig", "FrozenTransition", "calibrate_transition",
-           "run_dialogue_shift", "walk_case"]
+           "generate_case", "run_dialogue_shift", "walk_case"]
 
 METHODS = ("plain", "prompt-init", "caa", "memory", "prompt-repl")
 MATCHED = ("plain", "prompt-init", "caa", "memory")  # the fixed-visible-budget comparison
@@ -75,6 +80,8 @@ class DialogueShiftConfig:
     branches: Sequence[str] = ("a", "b")
     methods: Sequence[str] = METHODS
     post_shift_history: str = "old"
+    generate: bool = False
+    max_new_tokens: int = 40
     calibration_pairs: int = 12
     drift_pairs: int = 2
     top_layers: int = 5
@@ -103,7 +110,7 @@ class DialogueShiftConfig:
             raise ValueError(f"post_shift_history must be 'old' or 'new', got "
                              f"{self.post_shift_history!r}")
         for name in ("calibration_pairs", "drift_pairs", "top_layers", "batch_size",
-                     "num_bootstrap"):
+                     "num_bootstrap", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DialogueShiftConfig.{name} must be a positive integer, got "
@@ -162,10 +169,11 @@ def calibrate_transition(model, tokenizer, transition: str,
                             selector, vectors, scale, setup)
 
 
-def walk_case(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTransition,
-              post_shift_history: str = "old") -> dict[str, Any]:
-    """Run one case under one method on one cache; Align at every user turn (module
-    docstring) and the tokens the model computed."""
+def _walk(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTransition,
+          turn_step) -> Conversation:
+    """Drive one case under one method on one cache: the guidance before the shift, the switch
+    at the shift turn (after computing the transcript so far under the old guidance), and
+    ``turn_step(chat, turn)`` for every turn (1-based). Returns the closed conversation."""
     check_case(case)
     shift = case["shift_turn"]
     system = frozen.systems["old"] if method in ("prompt-init", "prompt-repl") else None
@@ -174,7 +182,6 @@ def walk_case(model, tokenizer, case: dict[str, Any], method: str, frozen: Froze
     chat = Conversation(model, tokenizer, banks=banks, system=system, **steering)
     caa = (apply_caa(model, frozen.caa, scale=-frozen.caa_scale, start_position=0)
            if method == "caa" else None)
-    aligns = []
     try:
         for turn in range(1, case["turns"] + 1):
             if turn == shift:
@@ -186,20 +193,62 @@ def walk_case(model, tokenizer, case: dict[str, Any], method: str, frozen: Froze
                     caa = apply_caa(model, frozen.caa, scale=frozen.caa_scale, start_position=0)
                 elif method == "prompt-repl":
                     chat.set_system(frozen.systems["new"])
-            chat.add("user", case["user"][turn - 1])
-            new, old = chat.reply_logprobs([case["new_replies"][turn - 1],
-                                            case["old_replies"][turn - 1]])
-            aligns.append(new - old)
-            kept = ("new_replies" if turn >= shift and post_shift_history == "new"
-                    else "old_replies")
-            chat.add("assistant", case[kept][turn - 1])
+            turn_step(chat, turn)
     finally:
         chat.close()
         if caa is not None:
             caa.remove()
+    return chat
+
+
+def _aligned(aligns: list[float], shift: int, chat: Conversation) -> dict[str, Any]:
     return {"align": aligns, "pre": float(np.mean(aligns[:shift - 1])),
             "post": float(np.mean(aligns[shift - 1:])), "computed_tokens": chat.computed_tokens,
             "transcript_tokens": int(chat.cache.get_seq_length())}
+
+
+def walk_case(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTransition,
+              post_shift_history: str = "old") -> dict[str, Any]:
+    """The likelihood form: teacher-forced turns, Align of the held-out continuations at every
+    user turn (module docstring), and the tokens the model computed."""
+    aligns: list[float] = []
+
+    def step(chat: Conversation, turn: int) -> None:
+        chat.add("user", case["user"][turn - 1])
+        new, old = chat.reply_logprobs([case["new_replies"][turn - 1],
+                                        case["old_replies"][turn - 1]])
+        aligns.append(new - old)
+        kept = ("new_replies" if turn >= case["shift_turn"] and post_shift_history == "new"
+                else "old_replies")
+        chat.add("assistant", case[kept][turn - 1])
+
+    chat = _walk(model, tokenizer, case, method, frozen, step)
+    return _aligned(aligns, case["shift_turn"], chat)
+
+
+def generate_case(model, tokenizer, case: dict[str, Any], method: str,
+                  frozen: FrozenTransition, judge=None, max_new_tokens: int = 40
+                  ) -> dict[str, Any]:
+    """The generation form (the paper's): the model answers every user turn itself (greedy, on
+    the cache), and each reply is judged: Align = score(new style) − score(old style) by
+    ``judge`` (default :class:`~eval_harness.style_judge.StyleJudge`); plus the replies and
+    their distinct-bigram coherence (1–5) after the shift, a crude quality proxy."""
+    from .judges import LexiconJudge
+    from .style_judge import StyleJudge
+
+    judge = judge or StyleJudge()
+    aligns, replies = [], []
+
+    def step(chat: Conversation, turn: int) -> None:
+        reply = chat.say(case["user"][turn - 1], max_new_tokens=max_new_tokens)
+        replies.append(reply)
+        aligns.append(judge.score(case["new"], reply) - judge.score(case["old"], reply))
+
+    chat = _walk(model, tokenizer, case, method, frozen, step)
+    coherence = [LexiconJudge().judge("", r)["coherence"]
+                 for r in replies[case["shift_turn"] - 1:]]
+    return {**_aligned(aligns, case["shift_turn"], chat), "replies": replies,
+            "coherence": float(np.mean(coherence))}
 
 
 def _guidance_kv(model, tokenizer, frozen: FrozenTransition) -> dict[str, dict[str, int]]:
@@ -220,18 +269,19 @@ def _guidance_kv(model, tokenizer, frozen: FrozenTransition) -> dict[str, dict[s
 
 
 def _summary(cases: list[dict[str, Any]], methods: Sequence[str], key: str, groups,
-             config: DialogueShiftConfig) -> list[dict[str, Any]]:
+             config: DialogueShiftConfig, form: str = "methods") -> list[dict[str, Any]]:
     """Mean post-shift Align and its paired shift over plain, with intervals over cases, per
-    group (``groups``: name → predicate on a case record) and method."""
+    group (``groups``: name → predicate on a case record) and method; ``form``: the case
+    records' field (``methods``: likelihood, ``generated``: judged generations)."""
     rows = []
     for group, keep in groups:
         chosen = [c for c in cases if keep(c)]
         if not chosen:
             continue
-        plain = np.array([c["methods"]["plain"]["post"] for c in chosen])
+        plain = np.array([c[form]["plain"]["post"] for c in chosen])
         for method in methods:
-            post = np.array([c["methods"][method]["post"] for c in chosen])
-            pre = np.array([c["methods"][method]["pre"] for c in chosen])
+            post = np.array([c[form][method]["post"] for c in chosen])
+            pre = np.array([c[form][method]["pre"] for c in chosen])
             rows.append({key: group, "method": method, "cases": len(chosen),
                          "align": float(post.mean()),
                          "align_ci": mean_interval(post, config.num_bootstrap, config.seed),
@@ -239,6 +289,9 @@ def _summary(cases: list[dict[str, Any]], methods: Sequence[str], key: str, grou
                          "shift_ci": mean_interval(post - plain, config.num_bootstrap,
                                                    config.seed),
                          "pre_align": float(pre.mean())})
+            if form == "generated":
+                rows[-1]["coherence"] = float(np.mean([c[form][method]["coherence"]
+                                                       for c in chosen]))
     return rows
 
 
@@ -293,6 +346,10 @@ def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
             for method in config.methods:
                 record["methods"][method] = walk_case(model, tokenizer, case, method, frozen,
                                                       config.post_shift_history)
+                if config.generate:
+                    record.setdefault("generated", {})[method] = generate_case(
+                        model, tokenizer, case, method, frozen,
+                        max_new_tokens=config.max_new_tokens)
                 bar.update()
             records.append(record)
     bar.close()
@@ -304,6 +361,17 @@ def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
                          [(n, lambda c, n=n: c["turns"] == n) for n in sorted(config.lengths)],
                          config)
     overall = _summary(records, methods, "group", [("all", lambda c: True)], config)
-    return {"cases": records, "by_transition": by_transition, "by_length": by_length,
-            "overall": overall, "claims": _claims(overall, by_transition, methods),
-            "kv": kv, "setups": setups, "config": asdict(config)}
+    results = {"cases": records, "by_transition": by_transition, "by_length": by_length,
+               "overall": overall, "claims": _claims(overall, by_transition, methods),
+               "kv": kv, "setups": setups, "config": asdict(config)}
+    if config.generate:
+        from .style_judge import StyleJudge, validate_style_judge
+
+        results["generation"] = {
+            "by_transition": _summary(records, methods, "transition",
+                                      [(t, lambda c, t=t: c["transition"] == t)
+                                       for t in config.transitions], config, "generated"),
+            "overall": _summary(records, methods, "group", [("all", lambda c: True)], config,
+                                "generated"),
+            "judge": validate_style_judge(StyleJudge())}
+    return results

@@ -82,5 +82,27 @@ def render_dialogue_shift(record: dict[str, Any], out: Path) -> list[Path]:
         "run through the model per case (mean): "
         + ", ".join(f"{m} {computed[m]:,.0f}" for m in methods)
         + ".\n\n| transition | method | visible KV bytes | latent bytes |\n| --- | --- | --- | "
-        "--- |\n" + "\n".join(kv_rows) + f"\n\n![per-turn Align]({plot.name})\n")
+        "--- |\n" + "\n".join(kv_rows) + f"\n\n![per-turn Align]({plot.name})\n"
+        + _generation_section(results))
     return [report, plot]
+
+
+def _generation_section(results: dict[str, Any]) -> str:
+    if "generation" not in results:
+        return ""
+    generation = results["generation"]
+    judge = generation["judge"]
+    rows = ["| transition | method | cases | post-shift judged Align [95 % CI] | shift over "
+            "plain [95 % CI] | pre-shift | coherence 1-5 |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in generation["by_transition"] + generation["overall"]:
+        rows.append(f"| {r.get('transition', 'all')} | {r['method']} | {r['cases']} | "
+                    f"{r['align']:+.2f} [{r['align_ci'][0]:+.2f}, {r['align_ci'][1]:+.2f}] | "
+                    f"{r['shift']:+.2f} [{r['shift_ci'][0]:+.2f}, {r['shift_ci'][1]:+.2f}] | "
+                    f"{r['pre_align']:+.2f} | {r['coherence']:.2f} |")
+    agreement = ", ".join(f"{k} {v['agreement']:.2f}" for k, v in judge["styles"].items())
+    return ("\n## Generation form\n\nThe model writes every turn (greedy); each reply is "
+            f"judged by `{judge['judge']}` (agreement with the case bank's labelled style pairs: "
+            f"{agreement}; overall {judge['overall']:.2f}). Align = score(new style) − "
+            "score(old style), each on 1-5; coherence = distinct-bigram share on 1-5, a crude "
+            "quality proxy for the paper's Q_turn.\n\n" + "\n".join(rows) + "\n")

@@ -178,7 +178,7 @@ def _dialogue_shift(args: argparse.Namespace, model, tokenizer, out: Path) -> Pa
         if cases else list(TRANSITIONS))
     config = DialogueShiftConfig(
         transitions=transitions, lengths=args.turns, branches=args.branches,
-        post_shift_history=args.post_shift_history,
+        post_shift_history=args.post_shift_history, generate=args.generate,
         calibration_pairs=args.calibration_pairs or 12, top_layers=args.top_layers,
         candidate_layers=args.candidate_layers, caa_layer=args.caa_layer,
         num_bootstrap=args.bootstrap, seed=args.seed,
@@ -400,6 +400,9 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--post-shift-history", choices=("old", "new"), default="old",
                      help="dialogue-shift: the transcript's assistant replies after the shift "
                           "in the old style (default) or the new")
+    run.add_argument("--generate", action="store_true",
+                     help="dialogue-shift: also the generation form (the model writes every "
+                          "turn; post-shift replies judged by the offline style judge)")
     run.add_argument("--cases", metavar="JSON",
                      help="dialogue-shift: your own cases (a JSON list of rows with id, root, "
                           "family, branch, turns, old, new, shift_turn, user, old_replies, "

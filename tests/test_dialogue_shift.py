@@ -228,6 +228,40 @@ def test_plain_and_caa_equal_full_passes_with_the_vector_flipped_at_the_shift(ti
     assert plain["post"] == pytest.approx(sum(plain["align"][shift - 1:]) / (5 - shift))
 
 
+def test_generated_turns_are_the_models_own_and_the_swap_changes_only_later_turns(tiny,
+                                                                                 tokenizer):
+    from eval_harness.dialogue_shift import generate_case
+
+    case, frozen = _tiny_case(), _tiny_frozen(tiny, tokenizer)
+    stay = FrozenTransition(**{**vars(frozen), "banks": {"old": frozen.banks["old"],
+                                                          "new": frozen.banks["old"]}})
+    swapped = generate_case(tiny, tokenizer, case, "memory", frozen, max_new_tokens=4)
+    never = generate_case(tiny, tokenizer, case, "memory", stay, max_new_tokens=4)
+    shift = case["shift_turn"]
+    assert swapped["replies"][:shift - 1] == never["replies"][:shift - 1]
+    assert swapped["replies"][shift - 1:] != never["replies"][shift - 1:]
+    # the transcript is the model's: turn t's reply follows the conversation so far
+    chat = Conversation(tiny, tokenizer, banks=frozen.banks["old"], selector=frozen.selector)
+    assert chat.say(case["user"][0], max_new_tokens=4) == swapped["replies"][0]
+    chat.close()
+
+
+def test_style_judge_agrees_with_the_labelled_style_pairs():
+    from eval_harness.style_judge import StyleJudge, validate_style_judge
+
+    judge = StyleJudge()
+    result = validate_style_judge(judge)
+    assert result["overall"] >= 0.95
+    assert all(v["agreement"] >= 0.9 and v["pairs"] == 216 for v in result["styles"].values())
+    worried = "Oh no, I'm worried this might go badly... I'm not sure it will be okay."
+    breezy = "Honestly, it's no big deal. Just send it and move on."
+    assert judge.score("anxious", worried) > 3.0 > judge.score("anxious", breezy)
+    assert judge.score("dismissive", breezy) > judge.score("dismissive", worried)
+    assert judge.score("formal", "I would recommend submitting the documentation.") > 3.0
+    with pytest.raises(ValueError, match="unknown style 'grumpy'"):
+        judge.score("grumpy", breezy)
+
+
 def test_bad_cases_and_transitions_get_one_clear_line(tiny, tokenizer):
     case = _tiny_case()
     with pytest.raises(ValueError, match="no shift turn"):
@@ -257,7 +291,8 @@ def test_end_to_end_on_a_tiny_model_writes_valid_results_and_a_report(tiny, toke
     config = DialogueShiftConfig(transitions=["dismissive_to_anxious"], lengths=[8],
                                  branches=["a"], calibration_pairs=2, drift_pairs=1,
                                  top_layers=2, gains=[1.0], caa_layer=1, caa_scales=[1.0],
-                                 num_bootstrap=20, selectors_dir=str(tmp_path / "sel"))
+                                 num_bootstrap=20, selectors_dir=str(tmp_path / "sel"),
+                                 generate=True, max_new_tokens=3)
     path = run_task("dialogue-shift", lambda: run_dialogue_shift(tiny, tokenizer, config),
                     model=tiny, config=vars(config), seed=0, out=tmp_path)
     record = json.loads(path.read_text())
@@ -271,8 +306,14 @@ def test_end_to_end_on_a_tiny_model_writes_valid_results_and_a_report(tiny, toke
     assert results["kv"]["dismissive_to_anxious"]["memory"]["visible"] == 0
     computed = {m: results["cases"][0]["methods"][m]["computed_tokens"] for m in config.methods}
     assert computed["prompt-repl"] > computed["prompt-init"]  # the audit re-prefills
+    generation = results["generation"]
+    assert {r["method"] for r in generation["overall"]} == set(config.methods)
+    assert generation["judge"]["overall"] >= 0.9
+    generated = results["cases"][0]["generated"]["memory"]
+    assert len(generated["replies"]) == len(generated["align"]) == 8
     written = render_report(path, tmp_path / "report")
     assert {p.name for p in written} >= {"report.md", "dialogue_shift.png"}
+    assert "## Generation form" in (tmp_path / "report" / "report.md").read_text()
 
 
 @pytest.mark.slow
