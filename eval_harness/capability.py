@@ -33,7 +33,7 @@ from hf_memory.analysis.corpus import kjv_sentences
 from hf_memory.likelihood import reply_logprobs
 from hf_memory.methods import Method, PlainMethod
 
-from .names import checked_directions
+from .names import check_positive_ints, checked_directions
 
 __all__ = ["CAPITALS", "CapabilityConfig", "capability_questions", "hub_questions",
            "run_capability", "score_questions"]
@@ -66,11 +66,7 @@ class CapabilityConfig:
 
     def __post_init__(self) -> None:
         self.directions = checked_directions(self.directions)
-        for name in ("additions", "passages", "batch_size", "num_bootstrap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"CapabilityConfig.{name} must be a positive integer, got "
-                                 f"{value!r}")
+        check_positive_ints(self, ("additions", "passages", "batch_size", "num_bootstrap"))
 
 
 def capability_questions(additions: int = 40, seed: int = 0) -> list[dict[str, Any]]:

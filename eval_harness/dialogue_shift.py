@@ -62,6 +62,7 @@ from .dialogue_cases import (
     transition_calibration,
 )
 from .intervals import mean_interval
+from .names import check_positive_ints
 from .trait_steering import CAAFromStart, behavioural_selector
 
 __all__ = ["METHODS", "DialogueShiftConfig", "FrozenTransition", "calibrate_transition",
@@ -109,12 +110,8 @@ class DialogueShiftConfig:
         if self.post_shift_history not in ("old", "new"):
             raise ValueError(f"post_shift_history must be 'old' or 'new', got "
                              f"{self.post_shift_history!r}")
-        for name in ("calibration_pairs", "drift_pairs", "top_layers", "batch_size",
-                     "num_bootstrap", "max_new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"DialogueShiftConfig.{name} must be a positive integer, got "
-                                 f"{value!r}")
+        check_positive_ints(self, ("calibration_pairs", "drift_pairs", "top_layers",
+                                   "batch_size", "num_bootstrap", "max_new_tokens"))
         self.transitions, self.lengths = list(self.transitions), list(self.lengths)
         self.branches, self.methods = list(self.branches), list(self.methods)
 

@@ -38,7 +38,7 @@ from hf_memory.methods import generate_with
 from hf_memory.selector import DEFAULT_GAINS
 
 from .intervals import mean_interval
-from .names import RULES
+from .names import RULES, check_positive_ints
 from .trait_steering import behavioural_selector
 
 __all__ = ["RULES", "GuidanceConfig", "RuleJudge", "rule_items", "rule_text", "run_guidance",
@@ -156,12 +156,8 @@ class GuidanceConfig:
                 m not in GUIDANCE_METHODS for m in self.methods):
             raise ValueError(f"methods must be among {', '.join(GUIDANCE_METHODS)} and include "
                              f"'plain'; got {list(self.methods)}")
-        for name in ("calibration_items", "drift_items", "max_new_tokens", "top_layers",
-                     "batch_size", "num_bootstrap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GuidanceConfig.{name} must be a positive integer, got "
-                                 f"{value!r}")
+        check_positive_ints(self, ("calibration_items", "drift_items", "max_new_tokens",
+                                   "top_layers", "batch_size", "num_bootstrap"))
         self.rules, self.methods = list(self.rules), list(self.methods)
 
 

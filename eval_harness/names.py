@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "RULES", "TASKS",
-           "checked_directions"]
+           "check_positive_ints", "checked_directions"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
@@ -23,3 +23,13 @@ def checked_directions(directions) -> list[str]:
         raise ValueError(f"directions must be among {', '.join(DIRECTIONS)}; got "
                          f"{list(directions)}")
     return list(directions)
+
+
+def check_positive_ints(config, names) -> None:
+    """A ``ValueError`` naming the first of ``config``'s fields ``names`` that is not an integer
+    >= 1 (booleans refused)."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive integer, got "
+                             f"{value!r}")

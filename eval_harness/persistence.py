@@ -31,7 +31,7 @@ from hf_memory.calibration import calibration_pairs, direction_parts
 from hf_memory.likelihood import reply_logprobs
 
 from .intervals import mean_interval
-from .names import checked_directions
+from .names import check_positive_ints, checked_directions
 
 __all__ = ["PersistenceConfig", "opposite_history", "run_persistence"]
 
@@ -53,11 +53,7 @@ class PersistenceConfig:
         if not self.lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
                                    for n in self.lengths):
             raise ValueError(f"lengths must be integers >= 0, got {list(self.lengths)}")
-        for name in ("items", "batch_size", "num_bootstrap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PersistenceConfig.{name} must be a positive integer, got "
-                                 f"{value!r}")
+        check_positive_ints(self, ("items", "batch_size", "num_bootstrap"))
         self.lengths = sorted(set(self.lengths))
 
 
