@@ -15,12 +15,19 @@ behavioural selector's sites, CAA at its calibrated scale) are scored against th
   request, as next-token NLL per token; ``delta_nll`` is the method's minus the plain model's
   (> 0: the method makes ordinary text less likely) and ``perplexity_ratio`` its exponential.
 
-Intervals: 95 % percentile bootstrap over questions (retention) and over sentences (paired ΔNLL).
-Users with the Hub can score GSM8K / MMLU the same way with :func:`hub_questions`.
+Beside each, the **trait shift** it buys: the mean margin shift over plain on the direction's
+held-out trait pairs (``data/trait_pairs.json``), so capability is read against effect. With
+``memory_gain_scales`` (e.g. 1, 0.5, 0.25) memory is also scored at its selector's sites with the
+layer gains scaled down (``memory×0.5``…): the trade-off between trait shift and capability.
+
+Intervals: 95 % percentile bootstrap over questions (retention), over sentences (paired ΔNLL) and
+over trait pairs (trait shift). Users with the Hub can score GSM8K / MMLU the same way with
+:func:`hub_questions`.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,13 +37,20 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hf_memory.analysis.corpus import kjv_sentences
-from hf_memory.likelihood import reply_logprobs
-from hf_memory.methods import Method, PlainMethod
+from hf_memory.calibration import oriented
+from hf_memory.likelihood import pair_margins, reply_logprobs
+from hf_memory.methods import MemoryMethod, Method, PlainMethod
 
+from .intervals import mean_interval
 from .names import check_positive_ints, checked_directions
 
 __all__ = ["CAPITALS", "CapabilityConfig", "capability_questions", "hub_questions",
-           "run_capability", "score_questions"]
+           "memory_name", "run_capability", "score_questions"]
+
+
+def memory_name(scale: float) -> str:
+    """The method name of memory at ``scale`` × its calibrated layer gains."""
+    return "memory" if scale == 1.0 else f"memory×{scale:g}"
 
 CAPITALS = (
     ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"),
@@ -63,10 +77,16 @@ class CapabilityConfig:
     num_bootstrap: int = 1000
     seed: int = 0
     selectors_dir: str | None = None
+    memory_gain_scales: Sequence[float] = (1.0,)
 
     def __post_init__(self) -> None:
         self.directions = checked_directions(self.directions)
         check_positive_ints(self, ("additions", "passages", "batch_size", "num_bootstrap"))
+        scales = list(self.memory_gain_scales)
+        if 1.0 not in scales or any(not math.isfinite(s) or s <= 0 for s in scales):
+            raise ValueError(f"memory_gain_scales must be finite, > 0 and include 1.0 (the "
+                             f"calibrated gain); got {scales}")
+        self.memory_gain_scales = sorted(set(scales), reverse=True)
 
 
 def capability_questions(additions: int = 40, seed: int = 0) -> list[dict[str, Any]]:
@@ -166,7 +186,7 @@ def run_capability(model, tokenizer, config: CapabilityConfig,
     Raises:
         ValueError: the plain model answers none of the questions (nothing to retain).
     """
-    from .trait_steering import TraitSteeringConfig, calibrate_direction
+    from .trait_steering import TraitSteeringConfig, calibrate_direction, eval_pairs
 
     questions = capability_questions(config.additions, config.seed)
     plain = PlainMethod()
@@ -183,8 +203,17 @@ def run_capability(model, tokenizer, config: CapabilityConfig,
                                        selectors_dir=config.selectors_dir, seed=config.seed)
     for direction in tqdm(config.directions, desc="capability"):
         frozen = calibrate_direction(model, tokenizer, direction, steering)
-        for name in ("prompt", "caa", "memory"):
-            method = frozen.methods[name]
+        methods = {name: frozen.methods[name] for name in ("prompt", "caa", "memory")}
+        for scale in config.memory_gain_scales:
+            if scale != 1.0:
+                methods[memory_name(scale)] = MemoryMethod(
+                    frozen.banks, layers=frozen.selector.layers,
+                    layer_gains={k: g * scale for k, g in frozen.selector.layer_gains.items()})
+        trait_pairs = [oriented(i, 1 if direction[1] == "+" else -1)
+                       for i in eval_pairs() if i["trait"] == direction[0]]
+        plain_margins = pair_margins(model, tokenizer, trait_pairs,
+                                     batch_size=config.batch_size).numpy()
+        for name, method in methods.items():
             correct = np.asarray([p == q["answer"] for q, p in zip(
                 kept, score_questions(model, tokenizer, kept, method, config.batch_size),
                 strict=True)], dtype=np.float64)
@@ -196,6 +225,8 @@ def run_capability(model, tokenizer, config: CapabilityConfig,
 
             by_kind = {kind: float(correct[[q["kind"] == kind for q in kept]].mean())
                        for kind in sorted({q["kind"] for q in kept})}
+            trait_shift = pair_margins(model, tokenizer, trait_pairs, method=method,
+                                       batch_size=config.batch_size).numpy() - plain_margins
             runs.append({
                 "direction": direction, "method": name, "retention": float(correct.mean()),
                 "retention_ci": _interval(lambda i, c=correct: c[i].mean(), len(kept),
@@ -205,15 +236,18 @@ def run_capability(model, tokenizer, config: CapabilityConfig,
                 "delta_nll_ci": _interval(delta, len(sentences), config.num_bootstrap,
                                           config.seed),
                 "perplexity_ratio": float(np.exp(delta(np.arange(len(sentences))))),
+                "trait_shift": float(trait_shift.mean()),
+                "trait_shift_ci": mean_interval(trait_shift, config.num_bootstrap, config.seed),
                 "setup": {"caa_scale": frozen.setup["caa"]["scale"],
                           "memory_layers": frozen.setup["memory"]["layers"]}})
     summary = {}
-    for name in ("prompt", "caa", "memory"):
+    for name in dict.fromkeys(r["method"] for r in runs):
         mine = [r for r in runs if r["method"] == name]
         summary[name] = {"retention": float(np.mean([r["retention"] for r in mine])),
                          "delta_nll": float(np.mean([r["delta_nll"] for r in mine])),
                          "perplexity_ratio": float(np.mean([r["perplexity_ratio"]
-                                                            for r in mine]))}
+                                                            for r in mine])),
+                         "trait_shift": float(np.mean([r["trait_shift"] for r in mine]))}
     return {"runs": runs, "summary": summary, "config": asdict(config),
             "steering": {k: v for k, v in asdict(steering).items() if k != "extra"},
             "questions": {"generated": len(questions), "kept": len(kept),

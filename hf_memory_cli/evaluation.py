@@ -50,7 +50,7 @@ def _non_negative_list(cast, noun: str):
     return parse
 
 
-_betas = _non_negative_list(float, "finite betas")
+_non_negative_floats = _non_negative_list(float, "finite non-negative numbers")
 _lengths = _non_negative_list(int, "token counts")
 
 
@@ -266,7 +266,7 @@ def _eval(args: argparse.Namespace) -> None:
 
         config = CapabilityConfig(directions=args.directions, additions=args.additions,
                                   passages=args.passages, num_bootstrap=args.bootstrap,
-                                  seed=args.seed,
+                                  seed=args.seed, memory_gain_scales=args.memory_gains,
                                   selectors_dir=args.selectors or str(out / "selectors"))
         path = run_task("capability", lambda: run_capability(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
@@ -375,12 +375,17 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--samples", type=positive_int, default=200_000, metavar="N",
                      help="asm-refinement: positions sampled for the geometry histograms "
                           "(default: 200000, as the paper)")
-    run.add_argument("--betas", type=_betas, default=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
+    run.add_argument("--betas", type=_non_negative_floats,
+                     default=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
                      metavar="B,B,...",
                      help="asm-refinement: scales of the orthogonal part to sweep")
     run.add_argument("--additions", type=positive_int, default=40, metavar="N",
                      help="capability: generated addition questions (default: 40; plus 30 "
                           "capitals)")
+    run.add_argument("--memory-gains", type=_non_negative_floats, default=[1.0],
+                     metavar="S,S,...",
+                     help="capability: also score memory with its layer gains scaled by these "
+                          "(1 = as calibrated; e.g. 1,0.5,0.25)")
     run.add_argument("--passages", type=positive_int, default=40, metavar="N",
                      help="capability: neutral KJV sentences scored (default: 40)")
     run.add_argument("--lengths", type=_lengths, default=[0, 256, 1024, 2048],

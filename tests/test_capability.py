@@ -72,6 +72,8 @@ def test_option_scoring_equals_a_direct_computation(default_model):
     ("directions", [], "directions must be among"),
     ("additions", 0, "CapabilityConfig.additions"),
     ("passages", -1, "CapabilityConfig.passages"),
+    ("memory_gain_scales", (0.5,), "include 1.0"),
+    ("memory_gain_scales", (1.0, float("nan")), "must be finite, > 0"),
 ])
 def test_config_errors_name_the_problem(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -86,7 +88,8 @@ def test_capability_end_to_end_on_the_embedded_model(default_model, tmp_path):
     model, tokenizer = default_model
     tokenizer.padding_side = "left"
     config = CapabilityConfig(directions=["E+"], additions=4, passages=3, num_bootstrap=20,
-                              selectors_dir=str(tmp_path / "selectors"))
+                              selectors_dir=str(tmp_path / "selectors"),
+                              memory_gain_scales=(0.5, 1.0))
     steering = TraitSteeringConfig(directions=["E+"], candidate_layers=[19, 20],
                                    calibration_pairs=4, top_layers=1, caa_scales=(1.0, 4.0),
                                    selectors_dir=str(tmp_path / "selectors"))
@@ -95,7 +98,7 @@ def test_capability_end_to_end_on_the_embedded_model(default_model, tmp_path):
     record = json.loads(path.read_text())
     validate_results(record)
     results = record["results"]
-    assert [r["method"] for r in results["runs"]] == ["prompt", "caa", "memory"]
+    assert [r["method"] for r in results["runs"]] == ["prompt", "caa", "memory", "memory×0.5"]
     kept = results["questions"]["kept"]
     assert 0 < kept <= 4 + len(CAPITALS)
     for run in results["runs"]:
@@ -105,6 +108,11 @@ def test_capability_end_to_end_on_the_embedded_model(default_model, tmp_path):
         low, high = run["delta_nll_ci"]
         assert low <= run["delta_nll"] <= high
         assert run["perplexity_ratio"] == pytest.approx(2.718281828459045 ** run["delta_nll"])
+        low, high = run["trait_shift_ci"]
+        assert low <= run["trait_shift"] <= high
+    full, half = results["runs"][2], results["runs"][3]
+    assert half["trait_shift"] != full["trait_shift"]
+    assert set(results["summary"]) == {"prompt", "caa", "memory", "memory×0.5"}
     assert results["runs"][2]["setup"]["memory_layers"][0] in (19, 20)
     paths = render_report(path)
     assert {p.name for p in paths} == {"report.md", "capability.png"}
