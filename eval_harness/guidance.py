@@ -9,8 +9,10 @@ other rules' items as drift), the rest are held out. Methods: ``plain``, ``promp
 the system prompt) and ``memory`` (the rule's bank at the frozen selector's sites). Per rule and
 method, on the held-out questions:
 
-- **likelihood compliance**: the share of questions whose compliant reply is more likely than the
-  violating one, and the mean margin shift over plain;
+- **likelihood compliance**: the share of questions whose compliant reply has the higher mean
+  log-probability per token than the violating one (a summed log-probability favours a 1–3-token
+  reply whatever the rule: it saturates), and the mean shift over plain of the summed margin
+  log p(compliant) − log p(violating);
 - **generation compliance** (``generate=True``): greedy replies checked by :class:`RuleJudge`,
   a programmatic judge (a word count, a digits pattern, and ``langdetect`` restricted to
   English / French), whose agreement with the labelled replies of every item is reported.
@@ -33,7 +35,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, Method, PlainMethod, PromptMethod
-from hf_memory.likelihood import pair_margins
+from hf_memory.likelihood import reply_logprobs
 from hf_memory.methods import generate_with
 from hf_memory.selector import DEFAULT_GAINS
 
@@ -183,6 +185,16 @@ def calibrate_rule(model, tokenizer, rule: str, config: GuidanceConfig
     return {m: methods[m] for m in config.methods}, setup
 
 
+def _pair_logprobs(model, tokenizer, items: list[dict], method: Method, batch_size: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Summed log-probabilities of each item's compliant and violating reply under ``method``."""
+    conversations = [method.messages(i["question"]) for i in items for _ in (0, 1)]
+    replies = [i[key] for i in items for key in ("compliant", "violating")]
+    both = reply_logprobs(model, tokenizer, conversations, replies, method=method,
+                          batch_size=batch_size).numpy()
+    return both[0::2], both[1::2]
+
+
 def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | None = None
                  ) -> dict[str, Any]:
     """Calibrate each rule and score its methods on the held-out questions (module docstring)."""
@@ -191,15 +203,17 @@ def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | No
     for rule in tqdm(config.rules, desc="guidance"):
         methods, setups[rule] = calibrate_rule(model, tokenizer, rule, config)
         _, held_out = rule_items(rule, config.calibration_items)
-        pairs = [(i["question"], i["compliant"], i["violating"]) for i in held_out]
         questions = [i["question"] for i in held_out]
-        margins = {name: pair_margins(model, tokenizer, pairs, method=method,
-                                      batch_size=config.batch_size).numpy()
-                   for name, method in methods.items()}
+        counts = [np.array([len(tokenizer(i[key], add_special_tokens=False).input_ids)
+                            for i in held_out], np.float64) for key in ("compliant", "violating")]
+        scored = {name: _pair_logprobs(model, tokenizer, held_out, method, config.batch_size)
+                  for name, method in methods.items()}
+        margins = {name: lp[0] - lp[1] for name, lp in scored.items()}
         for name, method in methods.items():
-            complied = (margins[name] > 0).astype(np.float64)
+            compliant, violating = scored[name]
+            complied = (compliant / counts[0] > violating / counts[1]).astype(np.float64)
             shift = margins[name] - margins["plain"]
-            row = {"rule": rule, "method": name, "items": len(pairs),
+            row = {"rule": rule, "method": name, "items": len(held_out),
                    "likelihood_compliance": float(complied.mean()),
                    "likelihood_compliance_ci": mean_interval(complied, config.num_bootstrap,
                                                              config.seed),

@@ -81,3 +81,19 @@ def test_end_to_end_on_a_tiny_model(default_model, tmp_path):
     assert len(record["results"]["generations"]["number_only/memory"]) == 33
     written = render_report(path, tmp_path / "report")
     assert {p.name for p in written} == {"report.md", "guidance.png"}
+
+
+def test_pair_log_probabilities_give_the_likelihood_probe_margins(default_model):
+    from eval_harness.guidance import _pair_logprobs
+    from hf_memory import PromptMethod
+    from hf_memory.likelihood import pair_margins
+
+    tokenizer = default_model[1]
+    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=1024)
+    _, held_out = rule_items("one_word")
+    items = held_out[:5]
+    method = PromptMethod(rule_text("one_word"), tokenizer=tokenizer)
+    compliant, violating = _pair_logprobs(model, tokenizer, items, method, batch_size=3)
+    margins = pair_margins(model, tokenizer, [(i["question"], i["compliant"], i["violating"])
+                                              for i in items], method=method, batch_size=3)
+    assert (compliant - violating).tolist() == pytest.approx(margins.tolist(), rel=1e-9)
