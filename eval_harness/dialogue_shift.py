@@ -66,7 +66,7 @@ from .names import check_positive_ints
 from .trait_steering import CAAFromStart, behavioural_selector
 
 __all__ = ["METHODS", "DialogueShiftConfig", "FrozenTransition", "calibrate_transition",
-           "generate_case", "run_dialogue_shift", "walk_case"]
+           "generate_case", "run_dialogue_shift", "summarize", "walk_case"]
 
 METHODS = ("plain", "prompt-init", "caa", "memory", "prompt-repl")
 MATCHED = ("plain", "prompt-init", "caa", "memory")  # the fixed-visible-budget comparison
@@ -267,29 +267,62 @@ def _guidance_kv(model, tokenizer, frozen: FrozenTransition) -> dict[str, dict[s
 
 def _summary(cases: list[dict[str, Any]], methods: Sequence[str], key: str, groups,
              config: DialogueShiftConfig, form: str = "methods") -> list[dict[str, Any]]:
-    """Mean post-shift Align and its paired shift over plain, with intervals over cases, per
-    group (``groups``: name → predicate on a case record) and method; ``form``: the case
-    records' field (``methods``: likelihood, ``generated``: judged generations)."""
+    """Per group (``groups``: name → predicate on a case record) and method, with intervals
+    over cases: mean post-shift Align; its shift over plain (paired by case); and the
+    **switch**, how much more Align rose from before to after the shift than plain's did,
+    (post − pre) − (post − pre of plain), which cancels what the method's guidance does
+    whatever its content (e.g. any bank at those sites). ``form``: the case records' field
+    (``methods``: likelihood, ``generated``: judged generations)."""
     rows = []
     for group, keep in groups:
         chosen = [c for c in cases if keep(c)]
         if not chosen:
             continue
         plain = np.array([c[form]["plain"]["post"] for c in chosen])
+        plain_rise = plain - np.array([c[form]["plain"]["pre"] for c in chosen])
         for method in methods:
             post = np.array([c[form][method]["post"] for c in chosen])
             pre = np.array([c[form][method]["pre"] for c in chosen])
+            switch = (post - pre) - plain_rise
             rows.append({key: group, "method": method, "cases": len(chosen),
                          "align": float(post.mean()),
                          "align_ci": mean_interval(post, config.num_bootstrap, config.seed),
                          "shift": float((post - plain).mean()),
                          "shift_ci": mean_interval(post - plain, config.num_bootstrap,
                                                    config.seed),
-                         "pre_align": float(pre.mean())})
+                         "pre_align": float(pre.mean()), "switch": float(switch.mean()),
+                         "switch_ci": mean_interval(switch, config.num_bootstrap,
+                                                    config.seed)})
             if form == "generated":
                 rows[-1]["coherence"] = float(np.mean([c[form][method]["coherence"]
                                                        for c in chosen]))
     return rows
+
+
+def summarize(records: list[dict[str, Any]], config: DialogueShiftConfig) -> dict[str, Any]:
+    """The tables of the results from the per-case records: by transition, by length, overall,
+    the claims, and (if the records have them) the generation form's tables."""
+    methods = config.methods
+    by_transition = _summary(records, methods, "transition",
+                             [(t, lambda c, t=t: c["transition"] == t)
+                              for t in config.transitions], config)
+    by_length = _summary(records, methods, "turns",
+                         [(n, lambda c, n=n: c["turns"] == n)
+                          for n in sorted({c["turns"] for c in records})], config)
+    overall = _summary(records, methods, "group", [("all", lambda c: True)], config)
+    tables = {"by_transition": by_transition, "by_length": by_length, "overall": overall,
+              "claims": _claims(overall, by_transition, methods)}
+    if all("generated" in c for c in records):
+        from .style_judge import StyleJudge, validate_style_judge
+
+        tables["generation"] = {
+            "by_transition": _summary(records, methods, "transition",
+                                      [(t, lambda c, t=t: c["transition"] == t)
+                                       for t in config.transitions], config, "generated"),
+            "overall": _summary(records, methods, "group", [("all", lambda c: True)], config,
+                                "generated"),
+            "judge": validate_style_judge(StyleJudge())}
+    return tables
 
 
 def _claims(overall: list[dict[str, Any]], by_transition: list[dict[str, Any]],
@@ -350,25 +383,5 @@ def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
                 bar.update()
             records.append(record)
     bar.close()
-    methods = config.methods
-    by_transition = _summary(records, methods, "transition",
-                             [(t, lambda c, t=t: c["transition"] == t)
-                              for t in config.transitions], config)
-    by_length = _summary(records, methods, "turns",
-                         [(n, lambda c, n=n: c["turns"] == n) for n in sorted(config.lengths)],
-                         config)
-    overall = _summary(records, methods, "group", [("all", lambda c: True)], config)
-    results = {"cases": records, "by_transition": by_transition, "by_length": by_length,
-               "overall": overall, "claims": _claims(overall, by_transition, methods),
-               "kv": kv, "setups": setups, "config": asdict(config)}
-    if config.generate:
-        from .style_judge import StyleJudge, validate_style_judge
-
-        results["generation"] = {
-            "by_transition": _summary(records, methods, "transition",
-                                      [(t, lambda c, t=t: c["transition"] == t)
-                                       for t in config.transitions], config, "generated"),
-            "overall": _summary(records, methods, "group", [("all", lambda c: True)], config,
-                                "generated"),
-            "judge": validate_style_judge(StyleJudge())}
-    return results
+    return {"cases": records, **summarize(records, config), "kv": kv, "setups": setups,
+            "config": asdict(config)}

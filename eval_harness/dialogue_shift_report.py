@@ -18,12 +18,14 @@ _COLORS = {"plain": "#8c8c8c", "prompt-init": "#dd8452", "caa": "#55a868", "memo
 
 def _table(rows: list[dict[str, Any]], key: str, label: str) -> str:
     lines = [f"| {label} | method | cases | post-shift Align [95 % CI] | shift over plain "
-             "[95 % CI] | pre-shift Align |", "| --- | --- | --- | --- | --- | --- |"]
+             "[95 % CI] | pre-shift Align | switch over plain's [95 % CI] |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r[key]} | {r['method']} | {r['cases']} | {r['align']:+.2f} "
                      f"[{r['align_ci'][0]:+.2f}, {r['align_ci'][1]:+.2f}] | {r['shift']:+.2f} "
                      f"[{r['shift_ci'][0]:+.2f}, {r['shift_ci'][1]:+.2f}] | "
-                     f"{r['pre_align']:+.2f} |")
+                     f"{r['pre_align']:+.2f} | {r['switch']:+.2f} "
+                     f"[{r['switch_ci'][0]:+.2f}, {r['switch_ci'][1]:+.2f}] |")
     return "\n".join(lines)
 
 
@@ -69,8 +71,10 @@ def render_dialogue_shift(record: dict[str, Any], out: Path) -> list[Path]:
         f"{len(results['cases'])} cases; post-shift transcript in the "
         f"{results['config']['post_shift_history']} style. Align = log p(new-style reply) − "
         "log p(old-style reply) of the held-out continuations, mean over post-shift turns per "
-        "case; intervals: bootstrap over cases. `prompt-repl` is the audit condition (it "
-        "rewrites the visible system prompt at the shift).\n\n"
+        "case; intervals: bootstrap over cases. The switch is how much more Align rose from "
+        "before to after the shift than plain's did (what the guidance's change did, net of "
+        "what the guidance does whatever its content). `prompt-repl` is the audit condition "
+        "(it rewrites the visible system prompt at the shift).\n\n"
         f"Best fixed-budget method overall: **{claims['best_matched_method_overall']}**; memory "
         f"best on {len(claims['memory_best_transitions'])} of {len(claims['best_by_transition'])}"
         f" transitions.\n\nFrozen guidance: {setups}.\n\n## By transition\n\n"

@@ -331,3 +331,32 @@ def test_a_bank_swap_moves_the_real_models_margin_towards_the_new_style(default_
     never = walk_case(model, tokenizer, case, "memory", stay)
     assert swapped["pre"] == never["pre"]
     assert swapped["post"] > never["post"] + 1.0
+
+
+def test_summary_shift_and_switch_are_paired_by_case():
+    from eval_harness.dialogue_shift import summarize
+
+    def case(transition, turns, plain, memory):
+        return {"id": f"{transition}-{turns}", "transition": transition, "turns": turns,
+                "shift_turn": 5, "methods": {
+                    "plain": {"pre": plain[0], "post": plain[1]},
+                    "memory": {"pre": memory[0], "post": memory[1]}}}
+
+    records = [case("warm_to_assertive", 8, (1.0, 2.0), (5.0, 4.0)),
+               case("warm_to_assertive", 16, (0.0, 1.0), (3.0, 6.0)),
+               case("dismissive_to_anxious", 8, (-2.0, -1.0), (-4.0, 3.0))]
+    config = DialogueShiftConfig(transitions=["warm_to_assertive", "dismissive_to_anxious"],
+                                 methods=["plain", "memory"], num_bootstrap=50)
+    tables = summarize(records, config)
+    warm = {r["method"]: r for r in tables["by_transition"]
+            if r["transition"] == "warm_to_assertive"}["memory"]
+    assert warm["align"] == pytest.approx(5.0) and warm["pre_align"] == pytest.approx(4.0)
+    assert warm["shift"] == pytest.approx(((4 - 2) + (6 - 1)) / 2)
+    # switch: ((4 - 5) - (2 - 1) + (6 - 3) - (1 - 0)) / 2
+    assert warm["switch"] == pytest.approx(0.0)
+    overall = {r["method"]: r for r in tables["overall"]}["memory"]
+    assert overall["switch"] == pytest.approx((-2 + 2 + (7 - 1)) / 3)
+    assert [r["turns"] for r in tables["by_length"]] == [8, 8, 16, 16]
+    assert tables["claims"]["best_by_transition"] == {"dismissive_to_anxious": "memory",
+                                                      "warm_to_assertive": "memory"}
+    assert "generation" not in tables
