@@ -30,21 +30,24 @@ def _table(rows: list[dict[str, Any]], key: str, label: str) -> str:
 
 
 def _per_turn_plot(results: dict[str, Any], out: Path) -> Path:
-    """Mean Align against the turn relative to the shift, per method (every case)."""
-    methods = results["config"]["methods"]
+    """Mean Align over plain's at the same turn, against the turn relative to the shift, per
+    method (every case; the content of each turn cancels)."""
+    methods = [m for m in results["config"]["methods"] if m != "plain"]
     fig, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
     for method in methods:
         by_offset: dict[int, list[float]] = {}
         for case in results["cases"]:
+            plain = case["methods"]["plain"]["align"]
             for turn, value in enumerate(case["methods"][method]["align"], start=1):
-                by_offset.setdefault(turn - case["shift_turn"], []).append(value)
+                by_offset.setdefault(turn - case["shift_turn"], []).append(
+                    value - plain[turn - 1])
         xs = sorted(by_offset)
         ax.plot(xs, [np.mean(by_offset[x]) for x in xs], marker=".", label=method,
                 color=_COLORS.get(method))
     ax.axvline(-0.5, color="black", linewidth=0.8, linestyle=":")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("turn relative to the shift request")
-    ax.set_ylabel("Align: log p(new style) - log p(old style)")
+    ax.set_ylabel("Align − plain's Align (nats)")
     ax.legend(fontsize=7)
     return save_figure(fig, out / "dialogue_shift.png")
 
