@@ -17,8 +17,9 @@ method, on the held-out questions:
   a programmatic judge (a word count, a digits pattern, and ``langdetect`` restricted to
   English / French), whose agreement with the labelled replies of every item is reported.
 
-Intervals: 95 % bootstrap over questions. The HARDMath / PHYSICS harness (``hf_memory.demo``'s
-heuristic-card banks) is left as it is for users' models and data.
+Intervals: 95 % bootstrap over questions. The paper's structured-reasoning guidance banks
+(HARDMath / PHYSICS heuristic cards) are in :mod:`~eval_harness.heuristic_cards`, for users'
+models and data.
 """
 
 from __future__ import annotations
