@@ -56,10 +56,12 @@ def run_bigfive_generation(model, tokenizer, config: BigFiveConfig, *,
     for run in runs:
         run["coherence"] = (sum(o["judgement"]["coherence"] for o in run["outputs"])
                             / len(run["outputs"]))
+    pairs = validate_judge_on_pairs(judge)
+    compared = [pairs] + [validate_judge_on_pairs(other)
+                          for other in (LexiconJudge(), AffectLexiconJudge())
+                          if other.name != judge.name]
     return {"runs": runs, "summary": summarize(runs), "calibration": log,
             "config": {k: v for k, v in asdict(config).items() if k != "extra"},
-            "judge": {"name": judge.name, "validation": validate_judge(judge),
-                      "pairs": validate_judge_on_pairs(judge)},
-            "judges_compared": [validate_judge_on_pairs(j)
-                                for j in (LexiconJudge(), AffectLexiconJudge())],
+            "judge": {"name": judge.name, "validation": validate_judge(judge), "pairs": pairs},
+            "judges_compared": compared,
             "items": {"source": "held-out open-ended prompts", "count": len(prompts)}}

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["SHIFT_TURN", "STYLES", "TRANSITIONS", "check_case", "dialogue_cases",
-           "parse_transition", "shift_request", "style_descriptor", "transition_calibration"]
+           "parse_transition", "shift_request", "style_descriptor", "style_pairs",
+           "transition_calibration"]
 
 CASES_PATH = Path(__file__).parent / "data" / "dialogue_cases.json"
 SHIFT_TURN = {8: 5, 16: 9, 24: 13}
@@ -60,6 +61,12 @@ def shift_request(style: str) -> str:
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; known: {', '.join(STYLES)}")
     return _data()["styles"][style]["request"]
+
+
+def style_pairs() -> list[dict[str, Any]]:
+    """The three style pairs as shipped: ``pair`` (two style names), ``calibration`` items and
+    ``roots`` (each with ``branches`` of turns carrying a reply per style)."""
+    return _data()["pairs"]
 
 
 def _pair_of(style: str) -> dict[str, Any]:

@@ -242,8 +242,8 @@ def generate_case(model, tokenizer, case: dict[str, Any], method: str,
         aligns.append(judge.score(case["new"], reply) - judge.score(case["old"], reply))
 
     chat = _walk(model, tokenizer, case, method, frozen, step)
-    coherence = [LexiconJudge().judge("", r)["coherence"]
-                 for r in replies[case["shift_turn"] - 1:]]
+    lexicon = LexiconJudge()
+    coherence = [lexicon.judge("", r)["coherence"] for r in replies[case["shift_turn"] - 1:]]
     return {**_aligned(aligns, case["shift_turn"], chat), "replies": replies,
             "coherence": float(np.mean(coherence))}
 

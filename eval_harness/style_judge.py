@@ -30,7 +30,7 @@ from functools import cached_property
 from importlib import resources
 from typing import Any
 
-from .dialogue_cases import STYLES, _data
+from .dialogue_cases import STYLES, style_pairs
 
 __all__ = ["StyleJudge", "validate_style_judge"]
 
@@ -114,7 +114,7 @@ def validate_style_judge(judge) -> dict[str, Any]:
     turn of every branch, and the calibration items) where the judge scores each style's reply
     higher on that style than the other style's reply (ties count as misses)."""
     per_pair = {}
-    for pair in _data()["pairs"]:
+    for pair in style_pairs():
         a, b = pair["pair"]
         items = [turn for root in pair["roots"] for turns in root["branches"].values()
                  for turn in turns] + pair["calibration"]

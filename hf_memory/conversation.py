@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from .bank_set import BankSet
 from .banks import MemoryBank
-from .likelihood import _log_softmax
+from .likelihood import log_probabilities
 from .steering import SteeringHandle, steer
 
 __all__ = ["Conversation"]
@@ -88,7 +88,7 @@ class Conversation:
     def say(self, text: str, *, max_new_tokens: int = 64, **generate_kwargs: Any) -> str:
         """Add a user turn, generate the assistant's reply (greedy by default), return it."""
         self.add("user", text)
-        ids = self._head_ids()
+        ids = self._ids()
         shared = self._shared_prefix(ids)
         self._crop_to(shared)
         device = next(self.model.parameters()).device
@@ -116,15 +116,15 @@ class Conversation:
         encoded = [self.tokenizer(r, add_special_tokens=False).input_ids for r in replies]
         if any(not ids for ids in encoded):
             raise ValueError("a candidate reply encodes to no tokens")
-        ids = self._head_ids()
-        last = _log_softmax(self._extend(ids)[0, -1])
+        ids = self._ids()
+        last = log_probabilities(self._extend(ids)[0, -1])
         head = ids.shape[1]
         scores = []
         for reply in encoded:
             total = float(last[reply[0]])
             if len(reply) > 1:
                 logits = self._forward(torch.tensor([reply[:-1]]))
-                picked = _log_softmax(logits[0]).gather(
+                picked = log_probabilities(logits[0]).gather(
                     -1, torch.tensor(reply[1:], device=logits.device)[:, None])
                 total += float(picked.double().sum())
                 self._crop_to(head)
@@ -138,13 +138,12 @@ class Conversation:
         under the guidance they were given with)."""
         if not self.messages:
             return
-        rendered = self.tokenizer.apply_chat_template(self.messages, tokenize=False)
-        self._extend(self.tokenizer(rendered, return_tensors="pt",
-                                    add_special_tokens=False).input_ids)
+        self._extend(self._ids(generation_prompt=False))
 
-    def _head_ids(self) -> torch.Tensor:
-        rendered = self.tokenizer.apply_chat_template(self.messages, add_generation_prompt=True,
-                                                      tokenize=False)
+    def _ids(self, generation_prompt: bool = True) -> torch.Tensor:
+        """The transcript's tokens ``[1, T]`` (with the assistant's generation prompt)."""
+        rendered = self.tokenizer.apply_chat_template(
+            self.messages, add_generation_prompt=generation_prompt, tokenize=False)
         return self.tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids
 
     def _forward(self, new: torch.Tensor) -> torch.Tensor:

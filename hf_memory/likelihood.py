@@ -17,7 +17,7 @@ from torch import nn
 
 from .chat import assistant_prefix_length, chat_messages
 
-__all__ = ["ContrastPair", "pair_margins", "reply_logprobs"]
+__all__ = ["ContrastPair", "log_probabilities", "pair_margins", "reply_logprobs"]
 
 ContrastPair = tuple[str, str, str]
 
@@ -33,7 +33,7 @@ def _check_pairs(pairs: Sequence[ContrastPair]) -> None:
                              f"non-empty strings; got {pair!r}")
 
 
-def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+def log_probabilities(logits: torch.Tensor) -> torch.Tensor:
     """Log-probabilities in at least float32 (float64 models keep float64)."""
     return logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
 
@@ -78,7 +78,7 @@ def reply_logprobs(model: nn.Module, tokenizer, conversations: Sequence[list[dic
         keep = max(len(r) for _, r in chunk) + 1  # logits of the reply positions only
         with method.attach(model, ends) if method is not None else nullcontext():
             logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
-        logprobs = _log_softmax(logits)
+        logprobs = log_probabilities(logits)
         for i, (_, reply_ids) in enumerate(chunk):
             n = len(reply_ids)
             picked = logprobs[i, keep - n - 1:keep - 1].gather(-1, ids[i, width - n:, None])
