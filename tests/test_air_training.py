@@ -167,3 +167,33 @@ def test_the_final_model_carries_a_card_with_its_measured_results(sudoku4, tmp_p
                                       for key in ("exact_accuracy", "token_accuracy")})
     assert results[0].dataset_split == "test" and "4x4 Sudoku" in results[0].dataset_name
     assert "`injection` | Lx_H" in card.text
+
+
+@pytest.fixture
+def fresh_compiler():
+    """Compiled graphs are process state: drop them before and after the test."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+@pytest.mark.parametrize("two_networks", [False, True], ids=["shared", "hrm-style"])
+def test_compiled_training_computes_the_eager_training(sudoku4, tmp_path, fresh_compiler,
+                                                       two_networks):
+    train, test = sudoku4
+    eager, compiled = (tiny_solver(share_weights=not two_networks) for _ in range(2))
+    eager_log = train_air(eager, train, test, quick())
+    compiled_log = train_air(compiled, train, test, quick(compile=True), out=tmp_path)
+    blocks = {compiled.block_for(level) for level in ("L", "H")}
+    assert len(blocks) == (2 if two_networks else 1)
+    assert all(block._compiled_call_impl is not None for block in blocks)  # compiled for real
+    for eager_entry, compiled_entry in zip(eager_log["history"], compiled_log["history"],
+                                           strict=True):
+        assert compiled_entry["eval"] == eager_entry["eval"]
+        for key in ("loss", "lm_loss", "q_halt_loss", "halted_fraction"):
+            assert compiled_entry[key] == pytest.approx(eager_entry[key], rel=1e-6)
+    eager_weights = eager.state_dict()
+    saved = AutoModel.from_pretrained(tmp_path / "final").state_dict()
+    assert saved.keys() == eager_weights.keys()  # no _orig_mod. prefixes
+    for name, weight in eager_weights.items():
+        torch.testing.assert_close(saved[name], weight, rtol=1e-5, atol=1e-6, msg=name)
