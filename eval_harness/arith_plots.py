@@ -4,8 +4,9 @@
 - :func:`plot_progress` — progress measures over training (figure 12), phases marked;
 - :func:`plot_fourier_neuron` — a layer-2 MLP neuron's pre-activation vs its Fourier fit
   (figure 11);
-- :func:`plot_sweeps` — final accuracy against ``f`` and ``r`` over several runs (figure 3);
-- :func:`write_report` — all of the above from log files, as PNGs.
+- :func:`plot_sweeps` — final accuracy against ``f`` and ``r`` over several runs (figure 3),
+  from :func:`sweep_points`, tabulated by :func:`sweep_table`;
+- :func:`write_report` — all of the above from log files, as PNGs (and the sweep table).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ __all__ = [
     "plot_fourier_neuron",
     "plot_progress",
     "plot_sweeps",
+    "sweep_points",
+    "sweep_table",
     "training_phases",
     "write_report",
 ]
@@ -151,37 +154,118 @@ def plot_fourier_neuron(model, path: str | os.PathLike, neuron: int | None = Non
     return save_figure(fig, path)
 
 
-def plot_sweeps(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | None:
-    """Final accuracy against the training-pair fraction ``f = 1 - held_out_fraction`` (0-var
-    held-out pairs) and against the 2-var ratio ``r`` (mean of the 2-var pools), figure 3.
-    Returns None unless at least two runs differ in ``f`` or in ``r``; runs without held-out
-    pairs (``f = 1``) have no point on the ``f`` panel."""
-    def final(log):
-        return log.get("final", {}).get("accuracy") or log["history"][-1]["accuracy"]
+def _final_accuracy(log: dict[str, Any]) -> dict[str, float]:
+    return log.get("final", {}).get("accuracy") or log["history"][-1]["accuracy"]
 
-    by_f = sorted({(1 - lg["task"]["held_out_fraction"], final(lg)["0var/add_restricted"])
-                   for lg in logs if "0var/add_restricted" in final(lg)})
-    by_r = sorted({(lg["task"]["two_var_ratio"],
-                    sum(v for k, v in final(lg).items() if k.startswith("2var/"))
-                    / sum(k.startswith("2var/") for k in final(lg)))
-                   for lg in logs})
-    if len({x for x, _ in by_f}) < 2 and len({x for x, _ in by_r}) < 2:
+
+def _steps(log: dict[str, Any]) -> int:
+    return log.get("final", {}).get("step") or log["history"][-1]["step"]
+
+
+def _mode(values: list[float]) -> float:
+    return max(sorted(set(values)), key=values.count)
+
+
+def sweep_points(logs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figure 3's points from runs that sweep ``r`` (2-var : 0-var ratio) or ``f`` (fraction of
+    addition pairs trained on, ``1 - held_out_fraction``).
+
+    A run sits on the ``r`` panel when its ``f`` is the most common ``f`` of the runs, and on the
+    ``f`` panel when its ``r`` is the most common ``r`` (the base run sits on both). Runs of one
+    setting (seeds) are averaged. Per point: ``value``, ``runs``, the mean ``accuracy`` by pool
+    and ``score``: for ``r`` the mean of the 2-var pools, for ``f`` the accuracy on all 0-var
+    sequences, ``f · acc(0var/train) + (1 - f) · acc(0var/add_restricted)`` (pairs are drawn
+    uniformly; the held-out pool alone is ``accuracy['0var/add_restricted']``). Raises
+    ValueError when the runs trained for different numbers of steps (not comparable).
+    """
+    steps = sorted({_steps(lg) for lg in logs})
+    if len(steps) > 1:
+        raise ValueError(f"the sweep's runs trained for different numbers of steps {steps}; "
+                         "pass runs of one length")
+    fs = [round(1 - lg["task"]["held_out_fraction"], 6) for lg in logs]
+    rs = [round(lg["task"]["two_var_ratio"], 6) for lg in logs]
+    base_f, base_r = _mode(fs), _mode(rs)
+
+    def points(axis: str) -> list[dict[str, Any]]:
+        groups: dict[float, list[dict[str, float]]] = {}
+        for log, f, r in zip(logs, fs, rs, strict=True):
+            if (axis == "r" and f == base_f) or (axis == "f" and r == base_r):
+                groups.setdefault(r if axis == "r" else f, []).append(_final_accuracy(log))
+        result = []
+        for value, runs in sorted(groups.items()):
+            pools = sorted(set.intersection(*(set(run) for run in runs)))
+            accuracy = {pool: sum(run[pool] for run in runs) / len(runs) for pool in pools}
+            if axis == "r":
+                two_var = [pool for pool in pools if pool.startswith("2var/")]
+                score = sum(accuracy[pool] for pool in two_var) / len(two_var)
+            elif "0var/add_restricted" in accuracy:
+                score = (value * accuracy["0var/train"]
+                         + (1 - value) * accuracy["0var/add_restricted"])
+            else:  # f = 1: every pair trained on
+                score = accuracy["0var/train"]
+            result.append({"value": value, "runs": len(runs), "score": score,
+                           "accuracy": accuracy})
+        return result
+
+    return {"steps": steps[0] if steps else None, "base_f": base_f, "base_r": base_r,
+            "r": points("r"), "f": points("f")}
+
+
+def sweep_table(points: dict[str, Any]) -> str:
+    """The figure-3 points as two markdown tables (percent)."""
+    lines = []
+    for axis, score, pools in (
+        ("r", "2-var (mean of pools)", ("2var/train", "2var/add_restricted",
+                                        "2var/var_restricted(1)", "2var/var_restricted(2)")),
+        ("f", "0-var (all pairs)", ("0var/train", "0var/add_restricted")),
+    ):
+        if len(points[axis]) < 2:
+            continue
+        lines += [f"| {axis} | runs | {score} | " + " | ".join(pools) + " |",
+                  "| --- " * (len(pools) + 3) + "|"]
+        for point in points[axis]:
+            cells = [f"{100 * point['accuracy'][p]:.1f}" if p in point["accuracy"] else "—"
+                     for p in pools]
+            lines.append(f"| {point['value']:g} | {point['runs']} | "
+                         f"{100 * point['score']:.1f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_sweeps(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+    """Figure 3 from :func:`sweep_points`: (a) 2-var accuracy against ``r``, (b) 0-var accuracy
+    against ``f`` (all pairs, and the held-out pairs alone). Returns None unless at least two
+    runs differ in ``f`` or in ``r``."""
+    points = sweep_points(logs)
+    if len(points["r"]) < 2 and len(points["f"]) < 2:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, points, xlabel, ylabel, title in (
-        (axes[0], by_r, "2-var : 0-var ratio r", "2-var accuracy", "(a) two-variable priming"),
-        (axes[1], by_f, "fraction of pairs trained on, f", "0-var held-out-pair accuracy",
-         "(b) training-set pairs"),
-    ):
-        ax.plot([x for x, _ in points], [y for _, y in points], "o-")
+    panels = (
+        (axes[0], points["r"], "2-var : 0-var ratio r", "2-var accuracy",
+         "(a) two-variable priming",
+         {"mean of 2-var pools": None, "2-var train pool": "2var/train"}),
+        (axes[1], points["f"], "fraction of pairs trained on, f", "0-var accuracy",
+         "(b) training-set pairs", {"all 0-var pairs": None,
+                                    "held-out pairs only": "0var/add_restricted"}),
+    )
+    for ax, series, xlabel, ylabel, title, curves in panels:
+        for (label, pool), style in zip(curves.items(), ("o-", "s--"), strict=True):
+            xs = [p["value"] for p in series if pool is None or pool in p["accuracy"]]
+            ys = [p["score"] if pool is None else p["accuracy"][pool] for p in series
+                  if pool is None or pool in p["accuracy"]]
+            ax.plot(xs, ys, style, label=label)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=title, ylim=(-0.02, 1.02))
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    if points["steps"] is not None:
+        fig.suptitle(f"after {points['steps']:,} training steps", fontsize=9)
     return save_figure(fig, path)
 
 
 def write_report(logs: list[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
     """Draw figures 2 and 12 for the first log, figure 11 from its ``final`` checkpoint (when
-    present) and figure 3 across all logs (when they sweep ``f`` or ``r``). Returns the PNGs."""
+    present) and figure 3 with its table (``arith_sweeps.md``) across all logs (when they sweep
+    ``f`` or ``r``). Returns the files written."""
     loaded = [load_log(p) for p in logs]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -197,4 +281,7 @@ def write_report(logs: list[str | os.PathLike], out: str | os.PathLike) -> list[
     sweep = plot_sweeps(loaded, out / "arith_sweeps.png")
     if sweep is not None:
         paths.append(sweep)
+        table = out / "arith_sweeps.md"
+        table.write_text(sweep_table(sweep_points(loaded)))
+        paths.append(table)
     return paths

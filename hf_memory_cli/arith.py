@@ -51,6 +51,8 @@ def _report(args: argparse.Namespace) -> None:
         raise CLIError(f"cannot draw the report: {error}") from error
     for path in paths:
         print(path)
+        if path.suffix == ".md":
+            print(path.read_text())
 
 
 def add_arith_parsers(commands: argparse._SubParsersAction) -> None:

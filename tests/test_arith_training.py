@@ -10,7 +10,14 @@ import pytest
 import torch
 
 import hf_memory_cli as cli
-from eval_harness.arith_plots import load_log, plot_sweeps, training_phases, write_report
+from eval_harness.arith_plots import (
+    load_log,
+    plot_sweeps,
+    sweep_points,
+    sweep_table,
+    training_phases,
+    write_report,
+)
 from modeling.arith import (
     ArithConfig,
     ArithTask,
@@ -79,17 +86,56 @@ def test_report_draws_the_figures(tiny_run, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _swept(base, f, r, accuracy=None, steps=None):
+    run = copy.deepcopy(base)
+    run["task"].update(held_out_fraction=round(1 - f, 6), two_var_ratio=r)
+    if accuracy is not None:
+        run["final"]["accuracy"] = dict(accuracy)
+    if steps is not None:
+        run["final"]["step"] = steps
+    return run
+
+
 def test_sweep_figure_needs_two_settings(tiny_run, tmp_path):
     out, _, _ = tiny_run
     base = load_log(out)
     assert plot_sweeps([base], tmp_path / "one.png") is None
-    runs = []
-    for f, r in ((0.3, 1.0), (0.6, 1.0), (0.3, 0.2)):
-        run = copy.deepcopy(base)
-        run["task"].update(held_out_fraction=f, two_var_ratio=r)
-        runs.append(run)
+    runs = [_swept(base, f, r) for f, r in ((0.7, 1.0), (0.4, 1.0), (0.7, 0.2))]
     path = plot_sweeps(runs, tmp_path / "sweep.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_points_split_the_panels_average_seeds_and_weigh_pairs(tiny_run):
+    base = load_log(tiny_run[0])
+
+    def accuracy(zero_seen, zero_held, two):
+        return {"0var/train": zero_seen, "0var/add_restricted": zero_held,
+                "2var/train": two, "2var/add_restricted": two / 2}
+
+    runs = [_swept(base, 0.7, 0.8, accuracy(1.0, 0.9, 0.8)),   # the base run, seed 0
+            _swept(base, 0.7, 0.8, accuracy(1.0, 0.7, 0.6)),   # the base run, seed 1
+            _swept(base, 0.2, 0.8, accuracy(1.0, 0.1, 0.4)),   # f sweep
+            _swept(base, 0.7, 0.1, accuracy(0.9, 0.8, 0.2))]   # r sweep
+    points = sweep_points(runs)
+    assert (points["base_f"], points["base_r"]) == (0.7, 0.8)
+    assert [(p["value"], p["runs"]) for p in points["f"]] == [(0.2, 1), (0.7, 2)]
+    assert [(p["value"], p["runs"]) for p in points["r"]] == [(0.1, 1), (0.8, 2)]
+    base_point = points["f"][1]
+    assert base_point["accuracy"]["0var/add_restricted"] == pytest.approx(0.8)  # seed mean
+    assert base_point["score"] == pytest.approx(0.7 * 1.0 + 0.3 * 0.8)  # all 0-var pairs
+    assert points["f"][0]["score"] == pytest.approx(0.2 * 1.0 + 0.8 * 0.1)
+    assert points["r"][0]["score"] == pytest.approx((0.2 + 0.1) / 2)  # mean of the 2-var pools
+    assert points["r"][1]["score"] == pytest.approx((0.7 + 0.35) / 2)
+    table = sweep_table(points)
+    assert "| 0.2 | 1 | 28.0 | 100.0 | 10.0 |" in table
+    assert "| 0.1 | 1 | 15.0 | 20.0 | 10.0 | — | — |" in table
+
+
+def test_a_sweep_of_runs_of_different_lengths_is_refused(tiny_run):
+    base = load_log(tiny_run[0])
+    runs = [_swept(base, 0.7, 0.8, steps=100), _swept(base, 0.2, 0.8, steps=200)]
+    with pytest.raises(ValueError, match=r"different numbers of steps \[100, 200\]"):
+        sweep_points(runs)
 
 
 def test_training_phases():
