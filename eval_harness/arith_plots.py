@@ -226,7 +226,7 @@ def sweep_table(points: dict[str, Any]) -> str:
         for point in points[axis]:
             cells = [f"{100 * point['accuracy'][p]:.1f}" if p in point["accuracy"] else "—"
                      for p in pools]
-            lines.append(f"| {point['value']:g} | {point['runs']} | "
+            lines.append(f"| {point['value']:.3g} | {point['runs']} | "
                          f"{100 * point['score']:.1f} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
