@@ -5,7 +5,8 @@
 - :func:`plot_fourier_neuron` — a layer-2 MLP neuron's pre-activation vs its Fourier fit
   (figure 11);
 - :func:`plot_sweeps` — final accuracy against ``f`` and ``r`` over several runs (figure 3),
-  from :func:`sweep_points`, tabulated by :func:`sweep_table`;
+  from :func:`sweep_points`, tabulated by :func:`sweep_table`, and over training by
+  :func:`plot_sweep_curves`;
 - :func:`write_report` — all of the above from log files, as PNGs (and the sweep table).
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "plot_accuracy",
     "plot_fourier_neuron",
     "plot_progress",
+    "plot_sweep_curves",
     "plot_sweeps",
     "sweep_points",
     "sweep_table",
@@ -166,6 +168,33 @@ def _mode(values: list[float]) -> float:
     return max(sorted(set(values)), key=values.count)
 
 
+def _sweep_score(axis: str, value: float, accuracy: dict[str, float]) -> float:
+    """The quantity figure 3 plots: for ``r`` the mean of the 2-var pools, for ``f`` the
+    accuracy on all 0-var sequences (seen and held-out pairs weighted by their share)."""
+    if axis == "r":
+        two_var = [pool for pool in accuracy if pool.startswith("2var/")]
+        return sum(accuracy[pool] for pool in two_var) / len(two_var)
+    if "0var/add_restricted" in accuracy:
+        return value * accuracy["0var/train"] + (1 - value) * accuracy["0var/add_restricted"]
+    return accuracy["0var/train"]  # f = 1: every pair trained on
+
+
+def _sweep_panels(logs: list[dict[str, Any]]) -> tuple[float, float, dict[str, list]]:
+    """``(base_f, base_r, {"r": [(r, log)], "f": [(f, log)]})``: a run sits on the ``r`` panel
+    when its ``f`` is the most common ``f``, on the ``f`` panel when its ``r`` is the most
+    common ``r``."""
+    fs = [round(1 - lg["task"]["held_out_fraction"], 6) for lg in logs]
+    rs = [round(lg["task"]["two_var_ratio"], 6) for lg in logs]
+    base_f, base_r = _mode(fs), _mode(rs)
+    panels: dict[str, list] = {"r": [], "f": []}
+    for log, f, r in zip(logs, fs, rs, strict=True):
+        if f == base_f:
+            panels["r"].append((r, log))
+        if r == base_r:
+            panels["f"].append((f, log))
+    return base_f, base_r, panels
+
+
 def sweep_points(logs: list[dict[str, Any]]) -> dict[str, Any]:
     """Figure 3's points from runs that sweep ``r`` (2-var : 0-var ratio) or ``f`` (fraction of
     addition pairs trained on, ``1 - held_out_fraction``).
@@ -182,33 +211,49 @@ def sweep_points(logs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(steps) > 1:
         raise ValueError(f"the sweep's runs trained for different numbers of steps {steps}; "
                          "pass runs of one length")
-    fs = [round(1 - lg["task"]["held_out_fraction"], 6) for lg in logs]
-    rs = [round(lg["task"]["two_var_ratio"], 6) for lg in logs]
-    base_f, base_r = _mode(fs), _mode(rs)
+    base_f, base_r, panels = _sweep_panels(logs)
 
     def points(axis: str) -> list[dict[str, Any]]:
         groups: dict[float, list[dict[str, float]]] = {}
-        for log, f, r in zip(logs, fs, rs, strict=True):
-            if (axis == "r" and f == base_f) or (axis == "f" and r == base_r):
-                groups.setdefault(r if axis == "r" else f, []).append(_final_accuracy(log))
+        for value, log in panels[axis]:
+            groups.setdefault(value, []).append(_final_accuracy(log))
         result = []
         for value, runs in sorted(groups.items()):
             pools = sorted(set.intersection(*(set(run) for run in runs)))
             accuracy = {pool: sum(run[pool] for run in runs) / len(runs) for pool in pools}
-            if axis == "r":
-                two_var = [pool for pool in pools if pool.startswith("2var/")]
-                score = sum(accuracy[pool] for pool in two_var) / len(two_var)
-            elif "0var/add_restricted" in accuracy:
-                score = (value * accuracy["0var/train"]
-                         + (1 - value) * accuracy["0var/add_restricted"])
-            else:  # f = 1: every pair trained on
-                score = accuracy["0var/train"]
-            result.append({"value": value, "runs": len(runs), "score": score,
-                           "accuracy": accuracy})
+            result.append({"value": value, "runs": len(runs),
+                           "score": _sweep_score(axis, value, accuracy), "accuracy": accuracy})
         return result
 
     return {"steps": steps[0] if steps else None, "base_f": base_f, "base_r": base_r,
             "r": points("r"), "f": points("f")}
+
+
+def plot_sweep_curves(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+    """Figure 3's quantities over training, one curve per run: whether a setting below a
+    threshold learns later or never. Returns None unless the runs differ in ``f`` or ``r``."""
+    _, _, panels = _sweep_panels(logs)
+    if all(len({value for value, _ in panels[axis]}) < 2 for axis in panels):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    titles = {"r": "(a) 2-var accuracy (mean of pools), by r",
+              "f": "(b) 0-var accuracy (all pairs), by f"}
+    for ax, axis in zip(axes, ("r", "f"), strict=True):
+        values = sorted({value for value, _ in panels[axis]})
+        colors = plt.cm.viridis([i / max(len(values) - 1, 1) for i in range(len(values))])
+        labelled = set()
+        for value, log in sorted(panels[axis], key=lambda item: item[0]):
+            history = log["history"]
+            color = colors[values.index(value)]
+            ax.plot([h["step"] for h in history],
+                    [_sweep_score(axis, value, h["accuracy"]) for h in history], color=color,
+                    lw=1.3, label=None if value in labelled else f"{axis} = {value:.3g}")
+            labelled.add(value)
+        ax.set(xlabel="training step", title=titles[axis], ylim=(-0.02, 1.02))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (evaluation pools)")
+    return save_figure(fig, path)
 
 
 def sweep_table(points: dict[str, Any]) -> str:
@@ -264,8 +309,8 @@ def plot_sweeps(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | N
 
 def write_report(logs: list[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
     """Draw figures 2 and 12 for the first log, figure 11 from its ``final`` checkpoint (when
-    present) and figure 3 with its table (``arith_sweeps.md``) across all logs (when they sweep
-    ``f`` or ``r``). Returns the files written."""
+    present) and figure 3 with its table (``arith_sweeps.md``) and its curves over training
+    across all logs (when they sweep ``f`` or ``r``). Returns the files written."""
     loaded = [load_log(p) for p in logs]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -280,7 +325,7 @@ def write_report(logs: list[str | os.PathLike], out: str | os.PathLike) -> list[
         paths.append(plot_fourier_neuron(model, out / "arith_fourier_neuron.png"))
     sweep = plot_sweeps(loaded, out / "arith_sweeps.png")
     if sweep is not None:
-        paths.append(sweep)
+        paths += [sweep, plot_sweep_curves(loaded, out / "arith_sweep_curves.png")]
         table = out / "arith_sweeps.md"
         table.write_text(sweep_table(sweep_points(loaded)))
         paths.append(table)

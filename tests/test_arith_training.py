@@ -12,6 +12,7 @@ import torch
 import hf_memory_cli as cli
 from eval_harness.arith_plots import (
     load_log,
+    plot_sweep_curves,
     plot_sweeps,
     sweep_points,
     sweep_table,
@@ -100,9 +101,28 @@ def test_sweep_figure_needs_two_settings(tiny_run, tmp_path):
     out, _, _ = tiny_run
     base = load_log(out)
     assert plot_sweeps([base], tmp_path / "one.png") is None
+    assert plot_sweep_curves([base], tmp_path / "one_curves.png") is None
     runs = [_swept(base, f, r) for f, r in ((0.7, 1.0), (0.4, 1.0), (0.7, 0.2))]
-    path = plot_sweeps(runs, tmp_path / "sweep.png")
-    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+    for draw in (plot_sweeps, plot_sweep_curves):
+        path = draw(runs, tmp_path / f"{draw.__name__}.png")
+        assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_over_a_sweep_writes_the_figure_its_curves_and_its_table(tiny_run, tmp_path):
+    out, _, _ = tiny_run
+    base = load_log(out)
+    files = []
+    for f, r in ((0.7, 1.0), (0.4, 1.0), (0.7, 0.2)):
+        run = _swept(base, f, r)
+        run.pop("_path")
+        files.append(tmp_path / f"f{f}-r{r}.json")
+        files[-1].write_text(json.dumps(run))
+    paths = write_report(files, tmp_path / "report")
+    assert {p.name for p in paths} == {"arith_accuracy.png", "arith_progress.png",
+                                       "arith_sweeps.png", "arith_sweep_curves.png",
+                                       "arith_sweeps.md"}
+    table = (tmp_path / "report" / "arith_sweeps.md").read_text()
+    assert table.count("\n| 0.4 | 1 |") == 1 and table.count("\n| 0.2 | 1 |") == 1
 
 
 def test_sweep_points_split_the_panels_average_seeds_and_weigh_pairs(tiny_run):
