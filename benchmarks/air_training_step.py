@@ -3,9 +3,10 @@ process.
 
 Two solvers with the same initial weights train on the same random 9×9-Sudoku-shaped batch
 (forward over the ACT segment, backward, AdamATan2 step); the second has its recurrent block(s)
-wrapped in ``torch.compile`` (inductor). Steps alternate so drift in the machine's load hits both;
-prints the compile time, the first step's loss difference (the compiled path computes the same
-function: rounding only), the median step times and the eager / compiled ratio.
+compiled as ``air-train --compile`` does (``compile_recurrent_blocks``, inductor). Steps
+alternate so drift in the machine's load hits both; prints the compile time, the first step's
+loss difference (the compiled path computes the same function: rounding only), the median step
+times and the eager / compiled ratio.
 
 Usage: python benchmarks/air_training_step.py [--hidden 256] [--layers 2] [--heads 4]
     [--batch 64] [--seq 81] [--injection Lx_H] [--repeats 8] [--threads 2]
@@ -22,6 +23,7 @@ import torch
 
 from modeling.air import AIRConfig, AIRSolver
 from modeling.air.optim_air import AdamATan2
+from modeling.air.training_air import compile_recurrent_blocks
 
 
 def _solver(args: argparse.Namespace) -> AIRSolver:
@@ -65,9 +67,7 @@ def main() -> None:
              "labels": torch.randint(1, 11, (args.batch, args.seq), generator=generator),
              "ids": torch.zeros(args.batch, dtype=torch.long)}
     eager, compiled = _solver(args), _solver(args)
-    for name in ("block", "L_block", "H_block"):
-        if hasattr(compiled, name):
-            setattr(compiled, name, torch.compile(getattr(compiled, name)))
+    compile_recurrent_blocks(compiled)
     eager_step, compiled_step = _stepper(eager, batch), _stepper(compiled, batch)
     start = time.perf_counter()
     first_compiled = compiled_step()

@@ -281,7 +281,10 @@ def plot_sweeps(logs: list[dict[str, Any]], path: str | os.PathLike) -> Path | N
     """Figure 3 from :func:`sweep_points`: (a) 2-var accuracy against ``r``, (b) 0-var accuracy
     against ``f`` (all pairs, and the held-out pairs alone). Returns None unless at least two
     runs differ in ``f`` or in ``r``."""
-    points = sweep_points(logs)
+    return _draw_sweeps(sweep_points(logs), path)
+
+
+def _draw_sweeps(points: dict[str, Any], path: str | os.PathLike) -> Path | None:
     if len(points["r"]) < 2 and len(points["f"]) < 2:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -323,10 +326,11 @@ def write_report(logs: list[str | os.PathLike], out: str | os.PathLike) -> list[
 
         model = ArithTransformer.from_pretrained(final_dir)
         paths.append(plot_fourier_neuron(model, out / "arith_fourier_neuron.png"))
-    sweep = plot_sweeps(loaded, out / "arith_sweeps.png")
+    points = sweep_points(loaded)
+    sweep = _draw_sweeps(points, out / "arith_sweeps.png")
     if sweep is not None:
         paths += [sweep, plot_sweep_curves(loaded, out / "arith_sweep_curves.png")]
         table = out / "arith_sweeps.md"
-        table.write_text(sweep_table(sweep_points(loaded)))
+        table.write_text(sweep_table(points))
         paths.append(table)
     return paths
