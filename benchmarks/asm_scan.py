@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from hf_memory.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked
 
 
@@ -90,13 +91,13 @@ def decode_ms_per_token(model: ASMForCausalLM, contexts: list[int],
     with torch.inference_mode():
         for context in contexts:
             ids = torch.randint(0, model.config.vocab_size, (1, context))
-            caches.append(model(ids, use_cache=True).past_key_values)
+            caches.append(output_cache(model(ids, use_cache=True)))
         token = torch.randint(0, model.config.vocab_size, (1, 1))
         runs: list[list[float]] = [[] for _ in contexts]
         for step in range(steps + 1):
             for cache, times in zip(caches, runs, strict=True):
                 start = time.perf_counter()
-                model(token, past_key_values=cache, use_cache=True)
+                model(token, **cache_kwargs(cache), use_cache=True)
                 if step:  # the first step is a warm-up
                     times.append(time.perf_counter() - start)
     return [(1000 * statistics.median(times), cache.state_bytes())

@@ -29,6 +29,7 @@ from torch import nn
 from .adapters import get_adapter
 from .atomic_files import write_json, write_safetensors, write_text
 from .fingerprint import check_fingerprint, model_fingerprint
+from .transformers_compat import cache_from_kwargs
 
 __all__ = ["CAAHandle", "CAAVectors", "apply_caa"]
 
@@ -177,7 +178,7 @@ class CAAHandle:
                 lambda _m, _args, output, delta=delta: self._add(output, delta)))
 
     def _track_position(self, _module, _args, kwargs) -> None:
-        cache = kwargs.get("past_key_values")
+        cache = cache_from_kwargs(kwargs)
         self._offset = 0 if cache is None else cache.get_seq_length()
 
     def _add(self, output, delta: torch.Tensor):

@@ -25,6 +25,7 @@ from .bank_set import BankSet
 from .banks import MemoryBank
 from .likelihood import log_probabilities
 from .steering import SteeringHandle, steer
+from .transformers_compat import cache_kwargs
 
 __all__ = ["Conversation"]
 
@@ -96,7 +97,7 @@ class Conversation:
         generate_kwargs.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         output = self.model.generate(
             input_ids=ids.to(device), attention_mask=torch.ones_like(ids, device=device),
-            past_key_values=self.cache, max_new_tokens=max_new_tokens, **generate_kwargs)
+            **cache_kwargs(self.cache), max_new_tokens=max_new_tokens, **generate_kwargs)
         self.computed_tokens += output.shape[1] - shared
         self.token_ids = output.cpu()
         reply = self.tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
@@ -151,7 +152,7 @@ class Conversation:
         device = next(self.model.parameters()).device
         total = self.cache.get_seq_length() + new.shape[1]
         self.computed_tokens += new.shape[1]
-        return self.model(input_ids=new.to(device), past_key_values=self.cache, use_cache=True,
+        return self.model(input_ids=new.to(device), **cache_kwargs(self.cache), use_cache=True,
                           attention_mask=torch.ones(1, total, dtype=torch.long,
                                                     device=device)).logits
 

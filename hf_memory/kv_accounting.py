@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .bank_set import BankSet
+from .transformers_compat import output_cache
 
 __all__ = ["KVFootprint", "kv_footprint", "prompt_kv_bytes"]
 
@@ -34,7 +35,7 @@ class KVFootprint:
 def prompt_kv_bytes(model: nn.Module, input_ids: torch.Tensor) -> int:
     """Bytes of the KV cache the model actually builds for ``input_ids`` ``[1, T]``."""
     device = next(model.parameters()).device
-    cache = model(input_ids=input_ids.to(device), use_cache=True).past_key_values
+    cache = output_cache(model(input_ids=input_ids.to(device), use_cache=True))
     total = 0
     for layer in cache.layers:
         for tensor in (layer.keys, layer.values):

@@ -28,6 +28,7 @@ from .bank_set import BankSet
 from .banks import MemoryBank
 from .mixture import BankStack, bank_mixture, visible_keys
 from .site_plan import plan_sites
+from .transformers_compat import cache_from_kwargs
 
 __all__ = ["SteeringHandle", "steer", "steered_generate"]
 
@@ -266,7 +267,7 @@ class SteeringHandle:
         return recorded
 
     def _on_forward(self, _module, args, kwargs) -> None:
-        cache = kwargs.get("past_key_values")
+        cache = cache_from_kwargs(kwargs)
         if cache is None or cache.get_seq_length() == 0:
             ids = kwargs.get("input_ids", args[0] if args else None)
             shape = tuple(ids.shape) if ids is not None else None

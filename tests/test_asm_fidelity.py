@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hf_memory.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM
 from modeling.asm.modeling_asm import _rotate
 
@@ -152,10 +153,10 @@ def test_slot_space_rope_prefill_then_decode_equals_full_forward(prefill, option
     mask[1, :3] = 0  # row 1 left-padded
     full = model(ids, attention_mask=mask, use_cache=False).logits
     out = model(ids[:, :prefill], attention_mask=mask[:, :prefill], use_cache=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
     pieces = [out.logits]
     for i in range(prefill, ids.shape[1]):
-        step = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], past_key_values=cache,
+        step = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], **cache_kwargs(cache),
                      use_cache=True)
         pieces.append(step.logits)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL[dtype])
@@ -323,7 +324,7 @@ def test_authors_options_on_the_triton_backend_equal_torch():
     expected = model(ids, attention_mask=mask, use_cache=False).logits
     model.config.scan_backend = "triton"
     out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
-    step = model(ids[:, 6:], attention_mask=mask, past_key_values=out.past_key_values,
+    step = model(ids[:, 6:], attention_mask=mask, **cache_kwargs(output_cache(out)),
                  use_cache=True)
     torch.testing.assert_close(torch.cat([out.logits, step.logits], dim=1), expected,
                                **TOL[torch.float32])

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import modeling
+from hf_memory.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM, ASMModel, RefinementStats
 from modeling.asm.modeling_asm import _rotate, alibi_slopes
 from tests.remote_code import assert_remote_code_load_is_exact
@@ -142,11 +143,11 @@ def test_prefill_then_recurrent_decode_equals_full_forward(prefill):
     mask[1, :3] = 0  # row 1 left-padded
     full = model(ids, attention_mask=mask, use_cache=False).logits
     out = model(ids[:, :prefill], attention_mask=mask[:, :prefill], use_cache=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
     assert isinstance(cache, ASMCache) and cache.get_seq_length() == prefill
     pieces = [out.logits]
     for i in range(prefill, ids.shape[1]):
-        step = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], past_key_values=cache,
+        step = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], **cache_kwargs(cache),
                      use_cache=True)
         pieces.append(step.logits)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL)
@@ -172,20 +173,20 @@ def test_recency_strength_4_prefill_equals_decode_and_chunk_1():
     pieces = [out.logits]
     for i in range(70, ids.shape[1]):
         pieces.append(model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
-                            past_key_values=out.past_key_values, use_cache=True).logits)
+                            **cache_kwargs(output_cache(out)), use_cache=True).logits)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL)
 
 
 def test_decode_state_does_not_grow_with_length():
     model = tiny_model()
-    cache = model(torch.randint(1, VOCAB, (1, 5)), use_cache=True).past_key_values
+    cache = output_cache(model(torch.randint(1, VOCAB, (1, 5)), use_cache=True))
     size = cache.state_bytes()
     c = model.config
     per_layer = 4 * c.num_attention_heads * (2 * c.num_slots + c.num_slots * c.head_dim
                                              + c.slot_space_dim ** 2 + c.slot_space_dim)
     assert size == c.num_hidden_layers * per_layer
     for token in torch.randint(1, VOCAB, (40,)):
-        model(token.view(1, 1), past_key_values=cache, use_cache=True)
+        model(token.view(1, 1), **cache_kwargs(cache), use_cache=True)
     assert cache.state_bytes() == size and cache.get_seq_length() == 45
 
 
@@ -210,11 +211,11 @@ def test_generate_with_cache_equals_greedy_without_cache():
 def test_cache_reorders_and_repeats_for_beams():
     model = tiny_model()
     ids = torch.randint(1, VOCAB, (2, 5))
-    cache = model(ids, use_cache=True).past_key_values
+    cache = output_cache(model(ids, use_cache=True))
     cache.batch_repeat_interleave(2)
     cache.reorder_cache(torch.tensor([3, 2, 1, 0]))
     nxt = torch.randint(1, VOCAB, (4, 1))
-    step = model(nxt, past_key_values=cache, use_cache=True).logits
+    step = model(nxt, **cache_kwargs(cache), use_cache=True).logits
     expected = model(torch.cat([ids.repeat_interleave(2, 0)[[3, 2, 1, 0]], nxt], 1)).logits
     torch.testing.assert_close(step[:, -1], expected[:, -1], **TOL)
     with pytest.raises(NotImplementedError):
@@ -355,7 +356,7 @@ def test_bfloat16_model_runs_with_float32_state_and_rejects_4d_masks():
     mask[0, :3] = 0
     out = model(ids, attention_mask=mask, use_cache=True)
     assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.logits).all()
-    layer = out.past_key_values.layers[0]
+    layer = output_cache(out).layers[0]
     assert layer.scan.num.dtype == torch.float32 and layer.slot_space[0].dtype == torch.float32
     with pytest.raises(ValueError, match="attention_mask"):
         model(ids, attention_mask=torch.ones(2, 1, 7, 7))

@@ -9,6 +9,7 @@ import torch
 peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 
+from hf_memory.transformers_compat import output_cache  # noqa: E402
 from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM  # noqa: E402
 
 VOCAB = 61
@@ -124,8 +125,8 @@ def test_generate_through_the_peft_model_uses_the_cache_and_equals_merged_greedy
     ids, mask = batch()
     kwargs = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
     out = model.generate(input_ids=ids, use_cache=True, return_dict_in_generate=True, **kwargs)
-    assert isinstance(out.past_key_values, ASMCache)
-    assert out.past_key_values.get_seq_length() == ids.shape[1] + 9
+    assert isinstance(output_cache(out), ASMCache)
+    assert output_cache(out).get_seq_length() == ids.shape[1] + 9
     merged = model.merge_and_unload()
     manual, manual_mask = ids.clone(), mask.clone()
     with torch.no_grad():

@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from hf_memory.transformers_compat import cache_kwargs, output_cache  # noqa: E402
 from modeling.asm import (  # noqa: E402
     ASMConfig,
     ASMForCausalLM,
@@ -156,7 +157,7 @@ def test_model_forward_and_decode_on_triton_match_torch():
     steps = [out.logits]
     for i in (4, 5):
         steps.append(model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
-                           past_key_values=out.past_key_values, use_cache=True).logits)
+                           **cache_kwargs(output_cache(out)), use_cache=True).logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), expected, **TOL)
 
 

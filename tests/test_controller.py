@@ -10,6 +10,7 @@ from hf_memory import BankSet, MemoryBank, steer
 from hf_memory.controller import BankController, Switch
 from hf_memory.conversation import Conversation
 from hf_memory.demo import DEFAULT_PERSONA
+from hf_memory.transformers_compat import cache_kwargs, output_cache
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import tiny_model
 
@@ -31,14 +32,14 @@ def manual_switch(model, ids, first, second, switch_at):
     """Greedy decode under ``first`` whose tokens from number ``switch_at`` on use ``second``."""
     handle = steer(model, first)
     cache = DynamicCache(config=model.config)
-    logits = model(ids, past_key_values=cache, use_cache=True).logits
+    logits = model(ids, **cache_kwargs(cache), use_cache=True).logits
     out = ids
     for produced in range(NEW):
         token = logits[:, -1].argmax(-1, keepdim=True)
         out = torch.cat([out, token], dim=1)
         if produced + 1 == switch_at:
             handle.update(second)
-        logits = model(token, past_key_values=cache, use_cache=True).logits
+        logits = model(token, **cache_kwargs(cache), use_cache=True).logits
     handle.remove()
     return out
 
@@ -58,7 +59,7 @@ def test_switch_at_a_token_follows_the_new_bank_and_keeps_the_past():
                        only_first.sequences[:, :PROMPT_LEN + 4])
     assert not torch.equal(switched.sequences, only_first.sequences)
     kept = PROMPT_LEN + 3  # prompt and the first three generated tokens were fed before the switch
-    for old, new in zip(only_first.past_key_values.layers, switched.past_key_values.layers,
+    for old, new in zip(output_cache(only_first).layers, output_cache(switched).layers,
                         strict=True):
         assert torch.equal(old.keys[:, :, :kept], new.keys[:, :, :kept])
         assert torch.equal(old.values[:, :, :kept], new.values[:, :, :kept])

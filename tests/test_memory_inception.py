@@ -20,6 +20,7 @@ from hf_memory import (
 from hf_memory.adapters import get_adapter
 from hf_memory.capture import capture_kv
 from hf_memory.steering import SITE_ATTR
+from hf_memory.transformers_compat import cache_kwargs
 from tests.tiny_models import FAMILIES, tiny_model
 
 FAMILY_IDS = list(FAMILIES)
@@ -278,12 +279,12 @@ def test_left_padded_batch_equals_unbatched_runs(family):
 
 def manual_greedy(model, ids, steps):
     cache = DynamicCache(config=model.config)
-    logits = model(ids, past_key_values=cache, use_cache=True).logits
+    logits = model(ids, **cache_kwargs(cache), use_cache=True).logits
     out = ids
     for _ in range(steps):
         token = logits[:, -1].argmax(-1, keepdim=True)
         out = torch.cat([out, token], dim=1)
-        logits = model(token, past_key_values=cache, use_cache=True).logits
+        logits = model(token, **cache_kwargs(cache), use_cache=True).logits
     return out
 
 
@@ -335,15 +336,15 @@ def test_update_swaps_banks_without_touching_the_cache():
     token = torch.tensor([[5]])
     handle = steer(model, first)
     cache = DynamicCache(config=model.config)
-    model(ids, past_key_values=cache, use_cache=True)
+    model(ids, **cache_kwargs(cache), use_cache=True)
     twin = copy.deepcopy(cache)
     length = cache.get_seq_length()
     handle.update(second)
     assert cache.get_seq_length() == length
-    swapped = model(token, past_key_values=cache, use_cache=True).logits
+    swapped = model(token, **cache_kwargs(cache), use_cache=True).logits
     handle.remove()
     with steer(model, second):
-        fresh = model(token, past_key_values=twin, use_cache=True).logits
+        fresh = model(token, **cache_kwargs(twin), use_cache=True).logits
     assert torch.equal(swapped, fresh)
     events = [(r["event"], r["banks"][0]["name"]) for r in handle.audit_log][:4]
     assert events == [("activate", "a"), ("forward from an empty cache", "a"), ("update", "b"),

@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
 from .asm_kernels import ScanState, asa_attend, causal_linear_attention
@@ -44,6 +45,22 @@ __all__ = [
 # user's scale.
 INTERVENTION_MODES = ("default", "parallel_only", "orthogonal_only", "orthogonal_scaled",
                       "parallel_scaled", "none")
+
+# transformers 5.24 renamed the cache keyword of ``forward`` and the cache field of every
+# ModelOutput from ``past_key_values`` to ``cache``. This folder is copied to Hub repos on its own,
+# so it reads the installed name off the library's own output class here, and nowhere else.
+CACHE_NAME = ("cache" if "cache" in {f.name for f in fields(CausalLMOutputWithPast)}
+              else "past_key_values")
+
+
+def _one_cache(cache: ASMCache | None, past_key_values: ASMCache | None) -> ASMCache | None:
+    """The cache given under the current name or the legacy one (not both)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("pass the ASMCache once, as `cache` or as `past_key_values`, not both")
+    cache = past_key_values if cache is None else cache
+    if cache is not None and not isinstance(cache, ASMCache):
+        raise ValueError(f"the cache must be an ASMCache, got {type(cache).__name__}")
+    return cache
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -411,13 +428,17 @@ class ASMModelOutput(ModelOutput):
 
     Attributes:
         last_hidden_state: ``[B, T, D]`` after the final LayerNorm.
-        past_key_values: the :class:`ASMCache` (when ``use_cache``).
+        cache: the :class:`ASMCache` (when ``use_cache``), under the installed transformers'
+            name (:data:`CACHE_NAME`: ``cache`` from 5.24, ``past_key_values`` before).
         hidden_states: residual stream after the embeddings and after every block.
         refinement_stats: one :class:`RefinementStats` per layer (when asked).
     """
 
     last_hidden_state: torch.Tensor | None = None
-    past_key_values: ASMCache | None = None
+    if CACHE_NAME == "cache":
+        cache: ASMCache | None = None
+    else:
+        past_key_values: ASMCache | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     refinement_stats: tuple[RefinementStats, ...] | None = None
 
@@ -429,7 +450,10 @@ class ASMCausalLMOutput(ModelOutput):
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    past_key_values: ASMCache | None = None
+    if CACHE_NAME == "cache":
+        cache: ASMCache | None = None
+    else:
+        past_key_values: ASMCache | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     refinement_stats: tuple[RefinementStats, ...] | None = None
 
@@ -536,27 +560,27 @@ class ASMModel(ASMPreTrainedModel):
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: ASMCache | None = None,
+        cache: ASMCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool = False,
         output_refinement_stats: bool = False,
         return_dict: bool | None = None,
+        past_key_values: ASMCache | None = None,
         **kwargs,
     ) -> ASMModelOutput | tuple:
         """``attention_mask [B, T_past + T]`` or ``[B, T]`` (1 = real token); ``position_ids``
-        are derived from it and ignored if given."""
+        are derived from it and ignored if given. The decode state comes as ``cache`` (or by
+        its pre-5.24 name ``past_key_values``)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         b, t = hidden.shape[:2]
         if use_cache is None:
             use_cache = self.config.use_cache
-        if past_key_values is not None and not isinstance(past_key_values, ASMCache):
-            raise ValueError(f"past_key_values must be an ASMCache, got "
-                             f"{type(past_key_values).__name__}")
-        if use_cache and past_key_values is None:
-            past_key_values = ASMCache(self.config)
+        cache = _one_cache(cache, past_key_values)
+        if use_cache and cache is None:
+            cache = ASMCache(self.config)
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError("attention_mask must be a [batch, length] padding mask, got shape "
                              f"{tuple(attention_mask.shape)}")
@@ -565,28 +589,28 @@ class ASMModel(ASMPreTrainedModel):
         else:
             valid = attention_mask[:, -t:].to(device=hidden.device, dtype=torch.bool)
         start = torch.zeros(b, dtype=torch.long, device=hidden.device)
-        if past_key_values is not None and past_key_values.next_position is not None:
-            start = past_key_values.next_position
+        if cache is not None and cache.next_position is not None:
+            start = cache.next_position
         positions = (start[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
         hidden = self.dropout(hidden)
         states: list[torch.Tensor] = [hidden]
         stats: list[RefinementStats] = []
         for i, layer in enumerate(self.layers):
-            layer_cache = past_key_values.layers[i] if past_key_values is not None else None
+            layer_cache = cache.layers[i] if cache is not None else None
             hidden, layer_stats = layer(hidden, positions, valid, layer_cache,
                                         output_refinement_stats)
             states.append(hidden)
             if layer_stats is not None:
                 stats.append(layer_stats)
         hidden = self.norm(hidden)
-        if past_key_values is not None:
-            past_key_values.seen_tokens += t
-            past_key_values.next_position = start + valid.long().sum(dim=1)
+        if cache is not None:
+            cache.seen_tokens += t
+            cache.next_position = start + valid.long().sum(dim=1)
         output = ASMModelOutput(
             last_hidden_state=hidden,
-            past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(states) if output_hidden_states else None,
             refinement_stats=tuple(stats) if output_refinement_stats else None,
+            **{CACHE_NAME: cache if use_cache else None},
         )
         return output if return_dict is not False else output.to_tuple()
 
@@ -618,7 +642,7 @@ class ASMForCausalLM(ASMPreTrainedModel, GenerationMixin):
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: ASMCache | None = None,
+        cache: ASMCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -626,12 +650,14 @@ class ASMForCausalLM(ASMPreTrainedModel, GenerationMixin):
         output_refinement_stats: bool = False,
         logits_to_keep: int = 0,
         return_dict: bool | None = None,
+        past_key_values: ASMCache | None = None,
         **kwargs,
     ) -> ASMCausalLMOutput | tuple:
         """``labels [B, T]`` (``-100`` ignored) give the shifted next-token loss; with
-        ``logits_to_keep = k > 0`` only the last ``k`` positions are projected."""
+        ``logits_to_keep = k > 0`` only the last ``k`` positions are projected. The decode state
+        comes as ``cache`` (or by its pre-5.24 name ``past_key_values``)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                         cache=_one_cache(cache, past_key_values), inputs_embeds=inputs_embeds,
                          use_cache=use_cache, output_hidden_states=output_hidden_states,
                          output_refinement_stats=output_refinement_stats)
         hidden = out.last_hidden_state
@@ -642,9 +668,9 @@ class ASMForCausalLM(ASMPreTrainedModel, GenerationMixin):
             shift_labels = labels[:, 1:].to(logits.device)
             loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
                                    shift_labels.reshape(-1), ignore_index=-100)
-        output = ASMCausalLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                   hidden_states=out.hidden_states,
-                                   refinement_stats=out.refinement_stats)
+        output = ASMCausalLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                   refinement_stats=out.refinement_stats,
+                                   **{CACHE_NAME: getattr(out, CACHE_NAME)})
         return output if return_dict is not False else output.to_tuple()
 
 
