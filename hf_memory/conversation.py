@@ -15,6 +15,7 @@ mid-conversation shift needs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -60,7 +61,7 @@ class Conversation:
                 self.handle.remove()
                 self.handle = None
         elif self.handle is None:
-            self.handle = steer(self.model, banks, **self._steering)
+            self.handle = steer(self.model, banks, active=False, **self._steering)
         else:
             self.handle.update(banks)
 
@@ -95,9 +96,10 @@ class Conversation:
         device = next(self.model.parameters()).device
         generate_kwargs.setdefault("do_sample", False)
         generate_kwargs.setdefault("pad_token_id", self.tokenizer.pad_token_id)
-        output = self.model.generate(
-            input_ids=ids.to(device), attention_mask=torch.ones_like(ids, device=device),
-            **cache_kwargs(self.cache), max_new_tokens=max_new_tokens, **generate_kwargs)
+        with self._steered():
+            output = self.model.generate(
+                input_ids=ids.to(device), attention_mask=torch.ones_like(ids, device=device),
+                **cache_kwargs(self.cache), max_new_tokens=max_new_tokens, **generate_kwargs)
         self.computed_tokens += output.shape[1] - shared
         self.token_ids = output.cpu()
         reply = self.tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
@@ -152,9 +154,15 @@ class Conversation:
         device = next(self.model.parameters()).device
         total = self.cache.get_seq_length() + new.shape[1]
         self.computed_tokens += new.shape[1]
-        return self.model(input_ids=new.to(device), **cache_kwargs(self.cache), use_cache=True,
-                          attention_mask=torch.ones(1, total, dtype=torch.long,
-                                                    device=device)).logits
+        with self._steered():
+            return self.model(input_ids=new.to(device), **cache_kwargs(self.cache),
+                              use_cache=True, attention_mask=torch.ones(
+                                  1, total, dtype=torch.long, device=device)).logits
+
+    def _steered(self) -> AbstractContextManager:
+        """This conversation's steering, applied to its own calls only (in whatever thread
+        runs them): the model stays plain for everyone else."""
+        return self.handle.applied() if self.handle is not None else nullcontext()
 
     def _extend(self, ids: torch.Tensor) -> torch.Tensor:
         """Make the cache hold exactly ``ids`` (crop to the shared prefix, run the rest: at

@@ -2,18 +2,28 @@
 
 ``steer(model, banks)`` registers one attention function (and the matching mask function) with
 transformers' ``AttentionInterface``, switches the model to it, and hooks the pre-RoPE query at
-the steered layers. Layers or heads without steering call the model's own attention function
+every layer. Layers or heads without steering call the model's own attention function
 unchanged, so empty or inactive steering is bit-identical to the plain model; a layer whose
 heads are all steered skips it (and returns no attention weights). Banks live outside
 the KV cache: ``update()`` swaps them between any two forward passes.
+
+Steering is a property of a call, not of the model: the active handle travels in a
+``contextvars`` variable, so one model object serves steered and plain callers in many threads
+(or asyncio tasks) at once, each getting exactly what it would get alone. What is installed on
+the shared model (the attention implementation and the hooks) is inert without an active handle;
+the first handle on a model installs it and the last one removed takes it away.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +44,6 @@ __all__ = ["SteeringHandle", "steer", "steered_generate"]
 
 logger = logging.getLogger(__name__)
 
-SITE_ATTR = "_hf_memory_site"
 BASE_IMPLEMENTATIONS = ("sdpa", "eager")
 IMPL_PREFIX = "hf_memory_"
 
@@ -48,7 +57,6 @@ class SiteState:
     gamma: float
     size_normalize: bool
     all_heads: bool = False
-    query: torch.Tensor | None = None
     routing: list[torch.Tensor] = field(default_factory=list)
     record_routing: bool = False
     trace_only: bool = False
@@ -61,15 +69,21 @@ def _base_attention(name: str, module: nn.Module):
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
+# The steering of the running call (None: plain). Each thread starts with none; asyncio tasks and
+# contextvars.copy_context() carry the one of the context that started them.
+_ACTIVE: ContextVar[SteeringHandle | None] = ContextVar("hf_memory_steering", default=None)
+
+
 def _steered_attention(base_name: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
         base = _base_attention(base_name, module)
-        site: SiteState | None = getattr(module, SITE_ATTR, None)
+        handle = _ACTIVE.get()
+        site = None if handle is None else handle._site(module)
         if site is None or site.stack is None:
             return base(module, query, key, value, attention_mask, scaling=scaling,
                         dropout=dropout, **kwargs)
-        q_pre, site.query = site.query, None
+        q_pre = handle._take_query(module)
         if q_pre is None:
             raise RuntimeError("steered attention ran without its pre-RoPE query hook")
         visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
@@ -97,8 +111,72 @@ for _base in BASE_IMPLEMENTATIONS:
     AttentionMaskInterface.register(IMPL_PREFIX + _base, ALL_MASK_ATTENTION_FUNCTIONS[_base])
 
 
+class _ModelHost:
+    """What steering installs on one shared model, for every handle on it: the steered attention
+    implementation and inert hooks (pre-RoPE query capture at every layer, the audit pre-hook).
+    Each hook asks the running call's active handle what to do; without one it does nothing."""
+
+    def __init__(self, model: nn.Module, adapter) -> None:
+        self.model, self.users = model, 0
+        self.original = model.config._attn_implementation
+        if self.original not in BASE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"steering wraps the 'sdpa' or 'eager' attention; this model uses "
+                f"{self.original!r}. Call model.set_attn_implementation('sdpa').")
+        width = head_dim(model.config)
+        self.hooks = [model.register_forward_pre_hook(self._on_forward, with_kwargs=True)]
+        for layer in range(model.config.num_hidden_layers):
+            attention = adapter.attention(model, layer)
+
+            def capture(_module, _args, output, _attention=attention):
+                handle = _ACTIVE.get()
+                if handle is not None:
+                    handle._capture(_attention, output, width)
+
+            self.hooks.append(getattr(attention, adapter.query_module)
+                              .register_forward_hook(capture))
+        model.set_attn_implementation(IMPL_PREFIX + self.original)
+
+    def _on_forward(self, module, args, kwargs) -> None:
+        handle = _ACTIVE.get()
+        if handle is not None and handle.model is module:
+            handle._on_forward(args, kwargs)
+
+    def uninstall(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks.clear()
+        self.model.set_attn_implementation(self.original)
+
+
+_HOSTS: weakref.WeakKeyDictionary[nn.Module, _ModelHost] = weakref.WeakKeyDictionary()
+_HOSTS_LOCK = threading.Lock()
+
+
+def _acquire_host(model: nn.Module, adapter) -> _ModelHost:
+    with _HOSTS_LOCK:
+        host = _HOSTS.get(model)
+        if host is None:
+            host = _HOSTS[model] = _ModelHost(model, adapter)
+        host.users += 1
+        return host
+
+
+def _release_host(host: _ModelHost) -> None:
+    with _HOSTS_LOCK:
+        host.users -= 1
+        if host.users == 0:
+            del _HOSTS[host.model]
+            host.uninstall()
+
+
 class SteeringHandle:
-    """An active steering of one model; a context manager and a removable handle.
+    """A steering of one model; a context manager and a removable handle.
+
+    Created active in the calling context (thread / asyncio task) until :meth:`remove`; other
+    threads using the same model stay plain. :meth:`applied` steers a block of calls with it in
+    any other context (e.g. a worker thread serving a request), ``active=False`` creates it
+    without activating it anywhere.
 
     Args:
         model: a stock ``*ForCausalLM`` of a supported family, attention ``sdpa`` or ``eager``.
@@ -114,6 +192,7 @@ class SteeringHandle:
         gamma, size_normalize: override the bank set's mixture settings.
         trace_only: compute and record the routing at the sites but leave the model's outputs
             unchanged (diagnostic tracing for calibration).
+        active: activate the steering in the calling context now (default).
     """
 
     def __init__(
@@ -129,17 +208,12 @@ class SteeringHandle:
         gamma: float | None = None,
         size_normalize: bool | None = None,
         trace_only: bool = False,
+        active: bool = True,
     ) -> None:
         self.model = model
         self.adapter = get_adapter(model)
         config = model.config
         self._heads, self._kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self._head_dim = head_dim(config)
-        self.original_implementation = config._attn_implementation
-        if self.original_implementation not in BASE_IMPLEMENTATIONS:
-            raise ValueError(
-                f"steering wraps the 'sdpa' or 'eager' attention; this model uses "
-                f"{self.original_implementation!r}. Call model.set_attn_implementation('sdpa').")
         if selector is not None:
             if layers is not None or units is not None or layer_gains is not None:
                 raise ValueError("give a selector or layers/units/layer_gains, not both")
@@ -150,24 +224,24 @@ class SteeringHandle:
         self._overrides = (gamma, size_normalize)
         self._trace_only = trace_only
         self._record_routing = False
-        self._hooks: list[Any] = []
         self._sites: dict[int, SiteState] = {}
+        self._by_module: dict[nn.Module, SiteState] = {}
+        self._queries = threading.local()  # the pre-RoPE queries of this thread's forward pass
         self.audit_log: list[dict[str, Any]] = []
         self._removed = False
-        try:
-            self._install(self._as_bank_set(banks))
-        except BaseException:
-            self._detach_all()
-            self.model.set_attn_implementation(self.original_implementation)
-            raise
+        self._install(self._as_bank_set(banks))
+        self._host = _acquire_host(model, self.adapter)
+        self._token = _ACTIVE.set(self) if active else None
+        self._record("activate")
 
     def _as_bank_set(self, banks: BankSet | Sequence[MemoryBank]) -> BankSet:
         bank_set = banks if isinstance(banks, BankSet) else BankSet(list(banks))
         bank_set.check_model(self.model)
         return bank_set
 
-    def _install(self, bank_set: BankSet, event: str = "activate") -> None:
-        self.bank_set = bank_set
+    def _install(self, bank_set: BankSet) -> None:
+        """Plan the sites of ``bank_set`` and publish them in one assignment (a call running in
+        another thread sees the old sites or the new ones, never a mixture)."""
         layers, units, unit_type, gains = self._requested
         gamma, normalize = self._overrides
         parameter = next(self.model.parameters())
@@ -176,61 +250,64 @@ class SteeringHandle:
             device=parameter.device, dtype=torch.promote_types(parameter.dtype, torch.float32),
             layers=layers, units=units, unit_type=unit_type, layer_gains=gains, gamma=gamma,
             size_normalize=normalize)
-        self.sites = {layer: plan.heads for layer, plan in plans.items()}
-        for layer, plan in plans.items():
-            site = SiteState(
-                heads=torch.tensor(plan.heads, device=parameter.device, dtype=torch.long),
-                stack=plan.stack, all_heads=len(plan.heads) == self._heads,
-                gamma=plan.gamma, size_normalize=plan.size_normalize,
-                record_routing=self._record_routing, trace_only=self._trace_only)
-            self._attach(layer, site)
-        self._hooks.append(self.model.register_forward_pre_hook(self._on_forward,
-                                                                with_kwargs=True))
-        self.model.set_attn_implementation(IMPL_PREFIX + self.original_implementation)
-        self._record(event)
+        sites = {layer: SiteState(
+            heads=torch.tensor(plan.heads, device=parameter.device, dtype=torch.long),
+            stack=plan.stack, all_heads=len(plan.heads) == self._heads,
+            gamma=plan.gamma, size_normalize=plan.size_normalize,
+            record_routing=self._record_routing, trace_only=self._trace_only)
+            for layer, plan in plans.items()}
+        by_module = {self.adapter.attention(self.model, layer): site
+                     for layer, site in sites.items()}
+        self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
+        self._sites, self._by_module = sites, by_module
 
-    def _attach(self, layer: int, site: SiteState) -> None:
-        attention = self.adapter.attention(self.model, layer)
-        setattr(attention, SITE_ATTR, site)
-        self._sites[layer] = site
-        query_module = getattr(attention, self.adapter.query_module)
-        width = self._head_dim
+    # -- called by the installed hooks and the attention function, in the running call
 
-        def capture(_module, _args, output, _site=site):
-            _site.query = self.adapter.heads(output, width)
+    def _site(self, attention: nn.Module) -> SiteState | None:
+        return None if self._removed else self._by_module.get(attention)
 
-        self._hooks.append(query_module.register_forward_hook(capture))
+    def _capture(self, attention: nn.Module, output: torch.Tensor, width: int) -> None:
+        if self._site(attention) is not None:
+            if not hasattr(self._queries, "by_module"):
+                self._queries.by_module = {}
+            self._queries.by_module[attention] = self.adapter.heads(output, width)
 
-    def _detach_all(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks.clear()
-        for layer in self._sites:
-            attention = self.adapter.attention(self.model, layer)
-            if hasattr(attention, SITE_ATTR):
-                delattr(attention, SITE_ATTR)
-        self._sites.clear()
+    def _take_query(self, attention: nn.Module) -> torch.Tensor | None:
+        return getattr(self._queries, "by_module", {}).pop(attention, None)
+
+    # -- the public handle
+
+    @contextmanager
+    def applied(self) -> Iterator[SteeringHandle]:
+        """Steer the calls inside the block with this handle, in whatever context runs it (the
+        previous steering of that context, or none, comes back after)."""
+        if self._removed:
+            raise RuntimeError("this steering handle was removed")
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
 
     def update(self, banks: BankSet | Sequence[MemoryBank]) -> None:
         """Swap the banks between two forward passes; the KV cache is not touched."""
         if self._removed:
             raise RuntimeError("this steering handle was removed")
-        bank_set = self._as_bank_set(banks)
-        self._detach_all()
-        self.model.set_attn_implementation(self.original_implementation)
-        try:
-            self._install(bank_set, "update")
-        except BaseException:
-            self.remove()
-            raise
+        self._install(self._as_bank_set(banks))
+        self._record("update")
 
     def remove(self) -> None:
-        """Restore the model exactly: attention implementation, hooks, attributes."""
+        """End this steering; when it is the model's last, restore the model exactly (attention
+        implementation and hooks). Safe from any thread; a second call does nothing."""
         if self._removed:
             return
-        self._detach_all()
-        self.model.set_attn_implementation(self.original_implementation)
         self._removed = True
+        if self._token is not None:
+            try:
+                _ACTIVE.reset(self._token)
+            except ValueError:
+                pass  # removed from another context: the handle left there is inert (_removed)
+        _release_host(self._host)
         self._record("remove")
 
     def __enter__(self) -> SteeringHandle:
@@ -266,7 +343,7 @@ class SteeringHandle:
                 site.routing.clear()
         return recorded
 
-    def _on_forward(self, _module, args, kwargs) -> None:
+    def _on_forward(self, args, kwargs) -> None:
         cache = cache_from_kwargs(kwargs)
         if cache is None or cache.get_seq_length() == 0:
             ids = kwargs.get("input_ids", args[0] if args else None)
@@ -290,7 +367,8 @@ class SteeringHandle:
 def steer(model: nn.Module, banks: BankSet | Sequence[MemoryBank], **kwargs: Any) -> SteeringHandle:
     """Steer ``model`` with ``banks``: ``with steer(model, banks): model.generate(...)``.
 
-    Also usable as a handle (``h = steer(...); ...; h.remove()``). See :class:`SteeringHandle`.
+    Also usable as a handle (``h = steer(...); ...; h.remove()``). Only the calling thread (or
+    asyncio task) is steered; see :class:`SteeringHandle`.
     """
     return SteeringHandle(model, banks, **kwargs)
 

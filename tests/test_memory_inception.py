@@ -19,7 +19,6 @@ from hf_memory import (
 )
 from hf_memory.adapters import get_adapter
 from hf_memory.capture import capture_kv
-from hf_memory.steering import SITE_ATTR
 from hf_memory.transformers_compat import cache_kwargs
 from tests.tiny_models import FAMILIES, tiny_model
 
@@ -49,7 +48,6 @@ def assert_restored(model, implementation="sdpa"):
     assert not model._forward_pre_hooks and not model._forward_hooks
     for layer in range(model.config.num_hidden_layers):
         attention = adapter.attention(model, layer)
-        assert not hasattr(attention, SITE_ATTR)
         assert not getattr(attention, adapter.query_module)._forward_hooks
 
 
