@@ -37,7 +37,7 @@ _EXPORTS = {
     "methods": ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
                 "generate_with"],
     "selector": ["Selector"],
-    "steering": ["SteeringHandle", "steer", "steered_generate"],
+    "steering": ["RowSteering", "SteeringHandle", "steer", "steered_generate"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

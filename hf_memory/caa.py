@@ -17,7 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -154,11 +157,19 @@ class CAAVectors:
                                  f"not fit a model with {layers} layers of width {hidden}")
 
 
+# The CAA handles active in the running call. Like memory steering, CAA is a property of a call:
+# the hooks on the shared model add a vector only for the context (thread / asyncio task) that
+# activated their handle.
+_ACTIVE_CAA: ContextVar[tuple[CAAHandle, ...]] = ContextVar("hf_memory_caa", default=())
+
+
 class CAAHandle:
-    """Adds the vectors while attached; a context manager and a removable handle."""
+    """Adds the vectors to the calls of the context that created it (or runs a block under
+    :meth:`applied`) until removed; a context manager and a removable handle. Other threads
+    using the same model stay plain."""
 
     def __init__(self, model: nn.Module, vectors: CAAVectors, *, scale: float | None = None,
-                 start_position: int | torch.Tensor = 0) -> None:
+                 start_position: int | torch.Tensor = 0, active: bool = True) -> None:
         vectors.check_model(model)
         start = torch.as_tensor(start_position)
         if start.dim() > 1 or start.is_floating_point() or bool((start < 0).any()):
@@ -167,7 +178,7 @@ class CAAHandle:
         self.scale = vectors.scale if scale is None else float(scale)
         self.start_position = start_position
         self._start = start.reshape(-1, 1)
-        self._offset = 0
+        self._offset = threading.local()  # cache length at this thread's forward pass
         adapter = get_adapter(model)
         parameter = next(model.parameters())
         self._hooks = [model.register_forward_pre_hook(self._track_position, with_kwargs=True)]
@@ -176,14 +187,20 @@ class CAAHandle:
             attention = adapter.attention(model, layer)
             self._hooks.append(attention.register_forward_hook(
                 lambda _m, _args, output, delta=delta: self._add(output, delta)))
+        self._removed = False
+        self._token = _ACTIVE_CAA.set((*_ACTIVE_CAA.get(), self)) if active else None
 
     def _track_position(self, _module, _args, kwargs) -> None:
-        cache = cache_from_kwargs(kwargs)
-        self._offset = 0 if cache is None else cache.get_seq_length()
+        if self in _ACTIVE_CAA.get():
+            cache = cache_from_kwargs(kwargs)
+            self._offset.value = 0 if cache is None else cache.get_seq_length()
 
     def _add(self, output, delta: torch.Tensor):
+        if self not in _ACTIVE_CAA.get():
+            return None  # another call's model: unchanged
         hidden = output[0]
-        positions = self._offset + torch.arange(hidden.shape[1], device=hidden.device)
+        offset = getattr(self._offset, "value", 0)
+        positions = offset + torch.arange(hidden.shape[1], device=hidden.device)
         start = self._start.to(hidden.device)
         if start.shape[0] not in (1, hidden.shape[0]):
             raise ValueError(f"CAA has {start.shape[0]} start positions for a batch of "
@@ -191,10 +208,29 @@ class CAAHandle:
         keep = (positions[None, :] >= start).to(hidden.dtype)[..., None]
         return (hidden + keep * delta, *output[1:])
 
+    @contextmanager
+    def applied(self) -> Iterator[CAAHandle]:
+        """Add the vectors to the calls inside the block, in whatever context runs it."""
+        if self._removed:
+            raise RuntimeError("this CAA handle was removed")
+        token = _ACTIVE_CAA.set((*_ACTIVE_CAA.get(), self))
+        try:
+            yield self
+        finally:
+            _ACTIVE_CAA.reset(token)
+
     def remove(self) -> None:
+        """Detach the hooks (from any thread); a second call does nothing."""
+        self._removed = True
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        if self._token is not None:
+            try:
+                _ACTIVE_CAA.reset(self._token)
+            except ValueError:
+                pass  # removed from another context: its hooks are gone, so it is inert there
+            self._token = None
 
     def __enter__(self) -> CAAHandle:
         return self

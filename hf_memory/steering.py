@@ -40,7 +40,7 @@ from .mixture import BankStack, bank_mixture, visible_keys
 from .site_plan import plan_sites
 from .transformers_compat import cache_from_kwargs
 
-__all__ = ["SteeringHandle", "steer", "steered_generate"]
+__all__ = ["RowSteering", "SteeringHandle", "is_per_row", "steer", "steered_generate"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +79,30 @@ def _steered_attention(base_name: str):
                   **kwargs):
         base = _base_attention(base_name, module)
         handle = _ACTIVE.get()
-        site = None if handle is None else handle._site(module)
-        if site is None or site.stack is None:
+        groups = () if handle is None else handle._groups(module)
+        if not groups:
             return base(module, query, key, value, attention_mask, scaling=scaling,
                         dropout=dropout, **kwargs)
         q_pre = handle._take_query(module)
         if q_pre is None:
             raise RuntimeError("steered attention ran without its pre-RoPE query hook")
         visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
+        scaling = module.scaling if scaling is None else scaling
+        (rows, site), *others = groups
+        if rows is not None or others:  # per-row banks: each group of rows under its own
+            output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
+                                   dropout=dropout, **kwargs)
+            for rows, site in groups:
+                seen = visible if visible is None or visible.shape[0] == 1 else visible[rows]
+                mixed, _ = bank_mixture(
+                    q_pre[rows], query[rows], key[rows], value[rows], seen, site.stack,
+                    scaling=scaling, gamma=site.gamma, size_normalize=site.size_normalize)
+                part = output[rows]
+                part[:, :, site.heads] = mixed[:, site.heads].transpose(1, 2).to(output.dtype)
+                output[rows] = part
+            return output, weights
         mixed, routing = bank_mixture(
-            q_pre, query, key, value, visible, site.stack,
-            scaling=module.scaling if scaling is None else scaling, gamma=site.gamma,
+            q_pre, query, key, value, visible, site.stack, scaling=scaling, gamma=site.gamma,
             size_normalize=site.size_normalize, with_routing=site.record_routing)
         if site.record_routing:
             site.routing.append(routing[:, site.heads].detach())
@@ -264,7 +277,14 @@ class SteeringHandle:
     # -- called by the installed hooks and the attention function, in the running call
 
     def _site(self, attention: nn.Module) -> SiteState | None:
-        return None if self._removed else self._by_module.get(attention)
+        """The site at ``attention`` when a bank applies there (None: the layer runs plain)."""
+        site = None if self._removed else self._by_module.get(attention)
+        return site if site is not None and site.stack is not None else None
+
+    def _groups(self, attention: nn.Module) -> list[tuple[torch.Tensor | None, SiteState]]:
+        """(rows, site) pairs steered at ``attention``; rows None: the whole batch."""
+        site = self._site(attention)
+        return [] if site is None else [(None, site)]
 
     def _capture(self, attention: nn.Module, output: torch.Tensor, width: int) -> None:
         if self._site(attention) is not None:
@@ -364,12 +384,141 @@ class SteeringHandle:
                     record["sites"])
 
 
-def steer(model: nn.Module, banks: BankSet | Sequence[MemoryBank], **kwargs: Any) -> SteeringHandle:
+RowBanks = BankSet | Sequence[MemoryBank] | None
+
+
+def is_per_row(banks: Any) -> bool:
+    """Whether ``banks`` gives one bank set (or None) per batch row rather than one bank set."""
+    if isinstance(banks, BankSet | MemoryBank | str) or not isinstance(banks, Sequence):
+        return False
+    per_row = [item is None or isinstance(item, BankSet | list | tuple) for item in banks]
+    if any(per_row) and not all(per_row):
+        raise ValueError("banks must be one bank set (MemoryBank items) or one bank set or None "
+                         "per batch row, not a mixture of both")
+    return bool(per_row) and all(per_row)
+
+
+class RowSteering:
+    """Per-row banks in one batch: row ``i`` is steered by ``rows[i]`` (None: plain), exactly
+    as it would be alone under its own bank set; plain rows are bit-identical to the plain
+    model's. One inactive :class:`SteeringHandle` per distinct bank set holds the sites; this
+    object is what the running call activates. Every forward must have ``len(rows)`` rows.
+
+    Keyword arguments (selector, layers, units, ...) apply to every bank set; routing traces
+    (``trace_only``, :meth:`SteeringHandle.record_routing`) need one bank set and are refused.
+    """
+
+    def __init__(self, model: nn.Module, rows: Sequence[RowBanks], *, active: bool = True,
+                 **steering: Any) -> None:
+        if steering.get("trace_only"):
+            raise ValueError("per-row banks record no routing trace: steer one bank set to trace")
+        self.model, self.rows = model, list(rows)
+        self.audit_log: list[dict[str, Any]] = []
+        self._queries = threading.local()
+        self._removed = False
+        members: dict[int, tuple[SteeringHandle, list[int]]] = {}
+        try:
+            for i, banks in enumerate(self.rows):
+                if banks is None:
+                    continue
+                if id(banks) not in members:
+                    try:
+                        handle = SteeringHandle(model, banks, active=False, **steering)
+                    except ValueError as error:
+                        raise ValueError(f"banks of batch row {i}: {error}") from None
+                    members[id(banks)] = (handle, [])
+                members[id(banks)][1].append(i)
+        except BaseException:
+            for handle, _ in members.values():
+                handle.remove()
+            raise
+        device = next(model.parameters()).device
+        self._members = [(handle, torch.tensor(indices, device=device))
+                         for handle, indices in members.values()]
+        self._row_handles = [None if banks is None else members[id(banks)][0]
+                             for banks in self.rows]
+        self._host = _acquire_host(model, get_adapter(model))  # also for an all-plain batch
+        self._token = _ACTIVE.set(self) if active else None
+        self._record("activate")
+
+    def _groups(self, attention: nn.Module) -> list[tuple[torch.Tensor | None, SiteState]]:
+        if self._removed:
+            return []
+        return [(rows, site) for handle, rows in self._members
+                if (site := handle._site(attention)) is not None]
+
+    def _capture(self, attention: nn.Module, output: torch.Tensor, width: int) -> None:
+        if self._groups(attention):
+            if not hasattr(self._queries, "by_module"):
+                self._queries.by_module = {}
+            self._queries.by_module[attention] = self._members[0][0].adapter.heads(output, width)
+
+    def _take_query(self, attention: nn.Module) -> torch.Tensor | None:
+        return getattr(self._queries, "by_module", {}).pop(attention, None)
+
+    def _on_forward(self, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if ids is not None and ids.shape[0] != len(self.rows):
+            raise ValueError(f"per-row banks: {len(self.rows)} bank sets (or None) for a batch "
+                             f"of {ids.shape[0]} rows; give one per row")
+        cache = cache_from_kwargs(kwargs)
+        if cache is None or cache.get_seq_length() == 0:
+            self._record("forward from an empty cache",
+                         input_shape=None if ids is None else tuple(ids.shape))
+
+    def _record(self, event: str, **extra: Any) -> None:
+        record = {"time": time.time(), "event": event,
+                  "rows": [None if handle is None else handle.bank_set.audit()
+                           for handle in self._row_handles], **extra}
+        self.audit_log.append(record)
+        logger.info("memory inception %s with per-row banks: %d rows, %d bank sets", event,
+                    len(self.rows), len(self._members))
+
+    @contextmanager
+    def applied(self) -> Iterator[RowSteering]:
+        """Steer the calls inside the block with these rows, in whatever context runs it."""
+        if self._removed:
+            raise RuntimeError("this steering was removed")
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def remove(self) -> None:
+        """End the steering of every row (see :meth:`SteeringHandle.remove`)."""
+        if self._removed:
+            return
+        self._removed = True
+        if self._token is not None:
+            try:
+                _ACTIVE.reset(self._token)
+            except ValueError:
+                pass  # removed from another context: the object left there is inert
+        for handle, _ in self._members:
+            handle.remove()
+        _release_host(self._host)
+        self._record("remove")
+
+    def __enter__(self) -> RowSteering:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()
+
+
+def steer(model: nn.Module, banks: BankSet | Sequence[MemoryBank] | Sequence[RowBanks],
+          **kwargs: Any) -> SteeringHandle | RowSteering:
     """Steer ``model`` with ``banks``: ``with steer(model, banks): model.generate(...)``.
 
     Also usable as a handle (``h = steer(...); ...; h.remove()``). Only the calling thread (or
-    asyncio task) is steered; see :class:`SteeringHandle`.
+    asyncio task) is steered; see :class:`SteeringHandle`. ``banks`` may also give one bank set
+    (or None: plain) per batch row: see :class:`RowSteering`.
     """
+    if is_per_row(banks):
+        return RowSteering(model, banks, **kwargs)
     return SteeringHandle(model, banks, **kwargs)
 
 
@@ -386,13 +535,14 @@ def steered_generate(
     **model_kwargs: Any,
 ):
     """A ``custom_generate`` decoding loop: ``model.generate(**inputs,
-    custom_generate=steered_generate, banks=banks, steering={"layers": [...]})``.
+    custom_generate=steered_generate, banks=banks, steering={"layers": [...]})``; ``banks``
+    may hold one bank set (or None) per batch row.
 
     Runs the stock greedy / sampling loop under :func:`steer`; the model is restored after.
     """
     if banks is None:
         raise ValueError("steered_generate needs banks=...")
-    with steer(model, banks, **dict(steering or {})):
+    with steer(model, banks, **dict(steering or {})):  # one bank set, or one per row
         return GenerationMixin._sample(
             model, input_ids, logits_processor=logits_processor,
             stopping_criteria=stopping_criteria, generation_config=generation_config,

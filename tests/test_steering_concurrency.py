@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hf_memory import steer, steered_generate
+from hf_memory.caa import CAAVectors, apply_caa
 from tests.test_memory_inception import assert_restored, random_bank, token_ids
 from tests.tiny_models import tiny_model
 
@@ -169,3 +170,42 @@ def test_asyncio_tasks_are_isolated():
     got_steered, got_plain = asyncio.run(main())
     assert torch.equal(got_steered, steered) and torch.equal(got_plain, plain)
     assert_restored(model)
+
+
+def test_caa_is_a_property_of_the_call_too():
+    model = tiny_model("llama")
+    ids = token_ids(batch=1, length=6, seed=4)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    vectors = CAAVectors({1: torch.randn(64, dtype=torch.float64,
+                                         generator=torch.Generator().manual_seed(0))}, scale=3.0)
+    plain = model.generate(ids, **kwargs)
+    with apply_caa(model, vectors):
+        steered = model.generate(ids, **kwargs)
+    assert not torch.equal(steered, plain)
+    barrier = threading.Barrier(4)
+
+    def worker(with_caa):
+        outputs = []
+        for _ in range(ROUNDS):
+            barrier.wait(timeout=60)
+            if with_caa:
+                with apply_caa(model, vectors):
+                    outputs.append(model.generate(ids, **kwargs))
+            else:
+                outputs.append(model.generate(ids, **kwargs))
+        return outputs
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(worker, [True, False, True, False]))
+    for with_caa, outputs in zip([True, False, True, False], results, strict=True):
+        for output in outputs:
+            assert torch.equal(output, steered if with_caa else plain)
+    handle = apply_caa(model, vectors, active=False)
+    with ThreadPoolExecutor(1) as pool:
+        def in_worker():
+            with handle.applied():
+                return model.generate(ids, **kwargs)
+        assert torch.equal(pool.submit(in_worker).result(), steered)
+    assert torch.equal(model.generate(ids, **kwargs), plain)
+    handle.remove()
+    assert not model._forward_pre_hooks and not model._forward_hooks
