@@ -384,14 +384,15 @@ class SteeringHandle:
                     record["sites"])
 
 
-RowBanks = BankSet | Sequence[MemoryBank] | None
+RowBanks = BankSet | Sequence[MemoryBank] | SteeringHandle | None
 
 
 def is_per_row(banks: Any) -> bool:
     """Whether ``banks`` gives one bank set (or None) per batch row rather than one bank set."""
     if isinstance(banks, BankSet | MemoryBank | str) or not isinstance(banks, Sequence):
         return False
-    per_row = [item is None or isinstance(item, BankSet | list | tuple) for item in banks]
+    per_row = [item is None or isinstance(item, BankSet | list | tuple | SteeringHandle)
+               for item in banks]
     if any(per_row) and not all(per_row):
         raise ValueError("banks must be one bank set (MemoryBank items) or one bank set or None "
                          "per batch row, not a mixture of both")
@@ -404,7 +405,10 @@ class RowSteering:
     model's. One inactive :class:`SteeringHandle` per distinct bank set holds the sites; this
     object is what the running call activates. Every forward must have ``len(rows)`` rows.
 
-    Keyword arguments (selector, layers, units, ...) apply to every bank set; routing traces
+    A row may also be an inactive handle (``steer(model, banks, selector=..., active=False)``),
+    so rows can differ in sites and gains too (several directions, each with its own selector,
+    in one batch); such handles stay the caller's and outlive this object. Keyword arguments
+    (selector, layers, units, ...) apply to the rows given as bank sets; routing traces
     (``trace_only``, :meth:`SteeringHandle.record_routing`) need one bank set and are refused.
     """
 
@@ -417,19 +421,16 @@ class RowSteering:
         self._queries = threading.local()
         self._removed = False
         members: dict[int, tuple[SteeringHandle, list[int]]] = {}
+        self._owned: list[SteeringHandle] = []  # built here from bank sets; removed with us
         try:
             for i, banks in enumerate(self.rows):
                 if banks is None:
                     continue
                 if id(banks) not in members:
-                    try:
-                        handle = SteeringHandle(model, banks, active=False, **steering)
-                    except ValueError as error:
-                        raise ValueError(f"banks of batch row {i}: {error}") from None
-                    members[id(banks)] = (handle, [])
+                    members[id(banks)] = (self._row_handle(i, banks, steering), [])
                 members[id(banks)][1].append(i)
         except BaseException:
-            for handle, _ in members.values():
+            for handle in self._owned:
                 handle.remove()
             raise
         device = next(model.parameters()).device
@@ -440,6 +441,19 @@ class RowSteering:
         self._host = _acquire_host(model, get_adapter(model))  # also for an all-plain batch
         self._token = _ACTIVE.set(self) if active else None
         self._record("activate")
+
+    def _row_handle(self, row: int, banks: Any, steering: dict[str, Any]) -> SteeringHandle:
+        if isinstance(banks, SteeringHandle):
+            if banks.model is not self.model or banks._removed:
+                raise ValueError(f"batch row {row}: its steering handle is removed or steers "
+                                 "another model")
+            return banks
+        try:
+            handle = SteeringHandle(self.model, banks, active=False, **steering)
+        except ValueError as error:
+            raise ValueError(f"banks of batch row {row}: {error}") from None
+        self._owned.append(handle)
+        return handle
 
     def _groups(self, attention: nn.Module) -> list[tuple[torch.Tensor | None, SiteState]]:
         if self._removed:
@@ -463,6 +477,8 @@ class RowSteering:
         if ids is not None and ids.shape[0] != len(self.rows):
             raise ValueError(f"per-row banks: {len(self.rows)} bank sets (or None) for a batch "
                              f"of {ids.shape[0]} rows; give one per row")
+        if any(handle._removed for handle, _ in self._members):
+            raise RuntimeError("a row's steering handle was removed while its batch is steered")
         cache = cache_from_kwargs(kwargs)
         if cache is None or cache.get_seq_length() == 0:
             self._record("forward from an empty cache",
@@ -497,7 +513,7 @@ class RowSteering:
                 _ACTIVE.reset(self._token)
             except ValueError:
                 pass  # removed from another context: the object left there is inert
-        for handle, _ in self._members:
+        for handle in self._owned:
             handle.remove()
         _release_host(self._host)
         self._record("remove")

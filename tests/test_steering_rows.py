@@ -101,3 +101,31 @@ def test_bad_per_row_input_is_one_clear_error_and_nothing_is_left_behind():
     with pytest.raises(ValueError, match="per-row banks record no routing"):
         steer(model, rows, trace_only=True)
     assert_restored(model)
+
+
+def test_rows_given_as_handles_keep_their_own_sites_and_gains():
+    model = tiny_model("llama")
+    _, ids, mask = left_padded()
+    bank = [random_bank("a", "target", 4, seed=1)]
+    first = steer(model, bank, layers=[0], layer_gains={0: 2.0}, active=False)
+    last = steer(model, bank, layers=[2], active=False)
+    rows = [first, None, last, first, last]
+    plain = model(ids, attention_mask=mask).logits
+    with steer(model, rows):
+        mixed = model(ids, attention_mask=mask).logits
+    for i, handle in enumerate(rows):
+        if handle is None:
+            assert torch.equal(mixed[i], plain[i])
+            continue
+        with handle.applied():
+            uniform = model(ids, attention_mask=mask).logits
+        torch.testing.assert_close(mixed[i], uniform[i], **TOL)
+    assert not torch.equal(mixed[0], plain[0]) and not torch.equal(mixed[2], plain[2])
+    with steer(model, rows):  # the caller's handles outlive the batch steering
+        last.remove()
+        with pytest.raises(RuntimeError, match="removed while its batch is steered"):
+            model(ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="batch row 2: its steering handle is removed"):
+        steer(model, rows)
+    first.remove()
+    assert_restored(model)

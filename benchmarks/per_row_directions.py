@@ -1,0 +1,79 @@
+"""Several steering directions on the same prompts: one batch per direction vs one batch with
+per-row banks (each row under its own direction's banks and shipped selector).
+
+The embedded model; the Big Five generation task's open-ended prompts; per direction its shipped
+selector and the demo's bank recipe (target and reference descriptor). Prints the wall time of
+both ways, their ratio, and how many replies agree token for token (the batches differ in
+padding width, so float32 rounding may flip a close greedy choice).
+Usage: python benchmarks/per_row_directions.py [--directions N+ A+ ...] [--prompts 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from eval_harness.bigfive_generation import GENERATION_PROMPTS
+from hf_memory import BankSet, load_default_model, steer
+from hf_memory.calibration import direction_parts
+from hf_memory.chat import chat_messages, generate_conversations
+from hf_memory.demo import SHIPPED_DIRECTIONS, persona_bank, shipped_selector
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--directions", nargs="+", default=list(SHIPPED_DIRECTIONS))
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--prompts", type=int, default=2)
+    args = parser.parse_args()
+    model, tokenizer = load_default_model()
+    prompts = list(GENERATION_PROMPTS[:args.prompts])
+    print(f"# machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
+          f"torch {torch.__version__}; model {model.name_or_path}; "
+          f"{len(args.directions)} directions x {len(prompts)} prompts, "
+          f"{args.new_tokens} new tokens")
+    handles = []
+    for direction in args.directions:
+        _, _, target, reference = direction_parts(direction)
+        banks = BankSet([persona_bank(model, tokenizer, target),
+                         persona_bank(model, tokenizer, reference, role="reference",
+                                      name="reference")], model=model)
+        handles.append(steer(model, banks, selector=shipped_selector(direction, model=model),
+                             active=False))
+    conversations = [chat_messages(p) for p in prompts]
+    kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+
+    def one_batch_per_direction() -> list[str]:
+        replies = []
+        for handle in handles:
+            replies += generate_conversations(model, tokenizer, conversations,
+                                              attach=lambda _end, h=handle: h.applied(),
+                                              **kwargs)
+        return replies
+
+    def per_row_batch() -> list[str]:
+        rows = [handle for handle in handles for _ in prompts]
+        return generate_conversations(model, tokenizer, conversations * len(handles),
+                                      attach=lambda _end: steer(model, rows), **kwargs)
+
+    with torch.inference_mode():
+        generate_conversations(model, tokenizer, conversations, max_new_tokens=2)  # warm-up
+        start = time.perf_counter()
+        sequential = one_batch_per_direction()
+        sequential_s = time.perf_counter() - start
+        start = time.perf_counter()
+        batched = per_row_batch()
+        batched_s = time.perf_counter() - start
+    same = sum(a == b for a, b in zip(sequential, batched, strict=True))
+    print(f"one batch per direction: {sequential_s:7.2f} s")
+    print(f"per-row banks, 1 batch:  {batched_s:7.2f} s   speed-up x{sequential_s / batched_s:.2f}")
+    print(f"replies identical: {same} / {len(batched)}")
+    for handle in handles:
+        handle.remove()
+
+
+if __name__ == "__main__":
+    main()
