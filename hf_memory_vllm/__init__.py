@@ -18,18 +18,21 @@ as its prompt's ``cache_salt``. Without a registry the plugin does nothing.
 from __future__ import annotations
 
 from .registry import (
+    DEFAULT_MAX_SLOT_LAYERS,
     REGISTRY_ENV,
     Registry,
     RegistryError,
     SteeringRequest,
+    bank_set_size,
     cache_salt,
     parse_request,
     steering_args,
     write_registry,
 )
 
-__all__ = ["REGISTRY_ENV", "Registry", "RegistryError", "SteeringRequest", "cache_salt",
-           "parse_request", "register", "steering_args", "write_registry"]
+__all__ = ["DEFAULT_MAX_SLOT_LAYERS", "REGISTRY_ENV", "Registry", "RegistryError",
+           "SteeringRequest", "bank_set_size", "cache_salt", "parse_request", "register",
+           "steering_args", "write_registry"]
 
 
 def register() -> None:

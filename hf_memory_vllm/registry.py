@@ -14,6 +14,11 @@ A request steers through ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP
 selector instead of the bank set's own; ``memory_scale`` (optional, > 0) multiplies every steered
 layer's gain ρ. Without ``memory_bank_set`` the request runs the stock model.
 
+A registry also bounds what a server loads: ``max_slot_layers``, the bank slots summed over the
+layers each bank covers (its KV entries per head: a descriptor's length times its layers), for
+every bank set. A bank set past it is refused when the registry is written, and again when a
+request names it (its files may have been replaced since).
+
 Nothing here imports vLLM: the registry is written and checked in any environment.
 """
 
@@ -33,8 +38,9 @@ from hf_memory.bank_set import BankSetFormatError
 from hf_memory.fingerprint import FingerprintMismatchError, compare_fingerprints
 from hf_memory.selector import SelectorFormatError
 
-__all__ = ["REGISTRY_ENV", "Registry", "RegistryError", "SteeringRequest", "cache_salt",
-           "parse_request", "steering_args", "write_registry"]
+__all__ = ["DEFAULT_MAX_SLOT_LAYERS", "REGISTRY_ENV", "Registry", "RegistryError",
+           "SteeringRequest", "bank_set_size", "cache_salt", "parse_request", "steering_args",
+           "write_registry"]
 
 REGISTRY_ENV = "HF_MEMORY_VLLM_REGISTRY"
 KIND = "hf_memory_vllm_registry"
@@ -43,6 +49,21 @@ ARG_PREFIX = "memory_"
 BANK_SET_ARG, SELECTOR_ARG, SCALE_ARG = "memory_bank_set", "memory_selector", "memory_scale"
 # A served model may be loaded from any path; the weights digest identifies the checkpoint.
 FINGERPRINT_IGNORES = ("name_or_path",)
+# 2,048 descriptor tokens at 32 layers; SmolLM2-135M's banks take 1.5 KiB per slot-layer (float32).
+DEFAULT_MAX_SLOT_LAYERS = 65_536
+
+
+def bank_set_size(bank_set) -> tuple[int, int]:
+    """(slot-layers, bytes) of a bank set: slots summed over the layers each bank covers, and
+    the bytes of its key and value tensors."""
+    return (sum(bank.num_slots * len(bank.layers) for bank in bank_set),
+            sum(bank.nbytes() for bank in bank_set))
+
+
+def _check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise RegistryError(f"max_slot_layers must be a positive integer, got {limit!r}")
+    return limit
 
 
 class RegistryError(ValueError):
@@ -131,6 +152,12 @@ class Registry:
             self.selectors: dict[str, str] = record.get("selectors", {})
         except KeyError as error:
             raise RegistryError(f"{path} lacks {error}") from None
+        self.max_slot_layers = _check_limit(
+            record.get("limits", {}).get("max_slot_layers", DEFAULT_MAX_SLOT_LAYERS))
+
+    def check_size(self, name: str, bank_set) -> None:
+        """Raise :class:`RegistryError` if ``bank_set`` is past this registry's size limit."""
+        _check_size(name, bank_set, self.max_slot_layers)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Registry:
@@ -168,8 +195,9 @@ class Registry:
         entry = self.bank_sets[request.bank_set]
         selector = self.selector_dir(request)
         try:
-            _bank_set(entry["banks"], _mtime(entry["banks"])).check_fingerprint(
-                self.model, ignore=FINGERPRINT_IGNORES)
+            bank_set = _bank_set(entry["banks"], _mtime(entry["banks"]))
+            bank_set.check_fingerprint(self.model, ignore=FINGERPRINT_IGNORES)
+            self.check_size(request.bank_set, bank_set)
             if selector is not None:
                 fingerprint = _selector(selector, _mtime(selector)).fingerprint
                 if fingerprint is not None:
@@ -180,6 +208,14 @@ class Registry:
                                 f"{self.model.get('name_or_path')!r})") from None
         except ValueError as error:  # shapes that do not fit the served model
             raise RegistryError(f"{request.bank_set!r}: {error}") from None
+
+
+def _check_size(name: str, bank_set, limit: int) -> None:
+    slot_layers, nbytes = bank_set_size(bank_set)
+    if slot_layers > limit:
+        raise RegistryError(f"bank set {name!r} holds {slot_layers:,} slot-layers (bank slots x "
+                            f"layers, {nbytes / 2**20:.1f} MiB), past the limit of {limit:,} "
+                            "(max_slot_layers)")
 
 
 @lru_cache(maxsize=64)
@@ -213,31 +249,38 @@ def _load_cached(path: str, _mtime: int) -> Registry:
 
 
 def write_registry(path: str | os.PathLike, model, bank_sets: Mapping[str, Any], *,
-                   selectors: Mapping[str, str | os.PathLike] | None = None) -> Path:
+                   selectors: Mapping[str, str | os.PathLike] | None = None,
+                   max_slot_layers: int = DEFAULT_MAX_SLOT_LAYERS) -> Path:
     """Write a registry for serving ``model`` (a transformers model: its fingerprint is recorded).
 
     ``bank_sets`` maps an id to a bank-set directory, or to ``(banks_dir, selector_dir)``;
     ``selectors`` maps ids to extra selector directories a request may choose. Every artifact is
-    loaded and checked against ``model`` first, so a registry never lists unusable files.
+    loaded and checked against ``model`` and against ``max_slot_layers`` first, so a registry
+    never lists unusable files; each entry records its size (slot-layers and bytes).
     """
+    _check_limit(max_slot_layers)
     from hf_memory import BankSet, Selector
     from hf_memory.fingerprint import model_fingerprint
 
     entries: dict[str, dict[str, str | None]] = {}
     for name, spec in bank_sets.items():
         banks, selector = (spec, None) if isinstance(spec, str | os.PathLike) else spec
-        BankSet.from_pretrained(banks, model=model)
+        bank_set = BankSet.from_pretrained(banks, model=model)
+        _check_size(str(name), bank_set, max_slot_layers)
         if selector is not None:
             Selector.from_pretrained(selector, model=model)
+        slot_layers, nbytes = bank_set_size(bank_set)
         entries[str(name)] = {"banks": str(Path(banks).resolve()),
                               "selector": None if selector is None
-                              else str(Path(selector).resolve())}
+                              else str(Path(selector).resolve()),
+                              "slot_layers": slot_layers, "bytes": nbytes}
     extra = {}
     for name, selector in (selectors or {}).items():
         Selector.from_pretrained(selector, model=model)
         extra[str(name)] = str(Path(selector).resolve())
     record = {"kind": KIND, "format_version": FORMAT_VERSION,
-              "model": model_fingerprint(model), "bank_sets": entries, "selectors": extra}
+              "model": model_fingerprint(model), "bank_sets": entries, "selectors": extra,
+              "limits": {"max_slot_layers": max_slot_layers}}
     path = Path(path)
     write_json(path, record)
     return path

@@ -41,7 +41,7 @@ from hf_memory.fingerprint import (
 from hf_memory.mixture import BankStack, bank_mixture, visible_keys
 from hf_memory.site_plan import SitePlan, plan_sites
 
-from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest
+from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest, bank_set_size
 
 __all__ = ["BATCH", "WorkerSteering"]
 
@@ -179,10 +179,14 @@ class WorkerSteering:
             try:
                 bank_set = BankSet.from_pretrained(entry["banks"])
                 bank_set.check_fingerprint(served, ignore=ignore)
+                self.registry.check_size(name, bank_set)
             except (FingerprintMismatchError, ValueError) as error:
                 logger.warning("hf-memory: bank set %r cannot steer this model and will be "
                                "refused: %s", name, error)
                 continue
+            slot_layers, nbytes = bank_set_size(bank_set)
+            logger.info("hf-memory: bank set %r: %d slot-layers, %.2f MiB", name, slot_layers,
+                        nbytes / 2**20)
             self.bank_sets[name] = bank_set
             self.plan(SteeringRequest(name))  # bank keys prepared at start, not at a request
         logger.info("hf-memory steering: %d bank sets at layers %s", len(self.bank_sets),

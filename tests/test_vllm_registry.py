@@ -13,9 +13,11 @@ import torch
 
 from hf_memory import BankSet, MemoryBank
 from hf_memory_vllm import (
+    DEFAULT_MAX_SLOT_LAYERS,
     Registry,
     RegistryError,
     SteeringRequest,
+    bank_set_size,
     cache_salt,
     parse_request,
     steering_args,
@@ -121,3 +123,30 @@ def test_broken_registry_files_get_one_clear_error(tmp_path, content, message):
         Registry.load(tmp_path / "registry.json")
     with pytest.raises(RegistryError, match="no registry at"):
         Registry.load(tmp_path / "missing.json")
+
+
+def test_bank_sets_past_the_size_limit_are_refused_when_written_and_when_requested(registry,
+                                                                                    tmp_path):
+    loaded, root = registry
+    model = tiny_llama()
+    size = bank_set_size(BankSet.from_pretrained(root / "up"))
+    assert size == (3 * 3, 3 * 2 * 3 * 16 * 4 * 2)  # 3 slots x 3 layers; k and v, float32
+    record = json.loads(loaded.path.read_text())
+    assert record["limits"] == {"max_slot_layers": DEFAULT_MAX_SLOT_LAYERS}
+    assert (record["bank_sets"]["up"]["slot_layers"], record["bank_sets"]["up"]["bytes"]) == size
+    with pytest.raises(RegistryError, match=r"'up' holds 9 slot-layers .* limit of 8"):
+        write_registry(tmp_path / "small.json", model, {"up": root / "up"}, max_slot_layers=8)
+    assert not (tmp_path / "small.json").exists()
+    write_registry(tmp_path / "fits.json", model, {"up": root / "up"}, max_slot_layers=9)
+    record["limits"]["max_slot_layers"] = 8  # the files changed or the limit was lowered
+    (tmp_path / "edited.json").write_text(json.dumps(record))
+    with pytest.raises(RegistryError, match="past the limit of 8"):
+        Registry.load(tmp_path / "edited.json").validate(SteeringRequest("up"))
+    for bad in (0, -1, True, 2.5, "9"):
+        with pytest.raises(RegistryError, match="max_slot_layers must be a positive integer"):
+            write_registry(tmp_path / "bad.json", model, {"up": root / "up"},
+                           max_slot_layers=bad)
+        record["limits"]["max_slot_layers"] = bad
+        (tmp_path / "edited.json").write_text(json.dumps(record))
+        with pytest.raises(RegistryError, match="max_slot_layers must be a positive integer"):
+            Registry.load(tmp_path / "edited.json")
