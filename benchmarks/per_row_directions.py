@@ -1,5 +1,7 @@
 """Several steering directions on the same prompts: one batch per direction vs one batch with
-per-row banks (each row under its own direction's banks and shipped selector).
+per-row banks (each row under its own direction's banks and shipped selector); and the
+harness's plain / prompt / memory trio on the same prompts: ``generate_with`` per method vs
+``generate_with_each`` (one shared batch).
 
 The embedded model; the Big Five generation task's open-ended prompts; per direction its shipped
 selector and the demo's bank recipe (target and reference descriptor). Prints the wall time of
@@ -17,7 +19,16 @@ import time
 import torch
 
 from eval_harness.bigfive_generation import GENERATION_PROMPTS
-from hf_memory import BankSet, load_default_model, steer
+from hf_memory import (
+    BankSet,
+    MemoryMethod,
+    PlainMethod,
+    PromptMethod,
+    generate_with,
+    generate_with_each,
+    load_default_model,
+    steer,
+)
 from hf_memory.calibration import direction_parts
 from hf_memory.chat import chat_messages, generate_conversations
 from hf_memory.demo import SHIPPED_DIRECTIONS, persona_bank, shipped_selector
@@ -73,6 +84,26 @@ def main() -> None:
     print(f"replies identical: {same} / {len(batched)}")
     for handle in handles:
         handle.remove()
+
+    _, _, target, reference = direction_parts(args.directions[0])
+    banks = BankSet([persona_bank(model, tokenizer, target),
+                     persona_bank(model, tokenizer, reference, role="reference",
+                                  name="reference")], model=model)
+    methods = [PlainMethod(), PromptMethod(target, tokenizer=tokenizer),
+               MemoryMethod(banks, shipped_selector(args.directions[0], model=model))]
+    with torch.inference_mode():
+        start = time.perf_counter()
+        alone = [generate_with(m, model, tokenizer, prompts, **kwargs) for m in methods]
+        alone_s = time.perf_counter() - start
+        start = time.perf_counter()
+        shared = generate_with_each(methods, model, tokenizer, prompts, **kwargs)
+        shared_s = time.perf_counter() - start
+    same = sum(a == b for x, y in zip(alone, shared, strict=True)
+               for a, b in zip(x, y, strict=True))
+    print(f"plain/prompt/memory ({args.directions[0]}), generate_with per method: "
+          f"{alone_s:7.2f} s")
+    print(f"plain/prompt/memory, generate_with_each:  {shared_s:7.2f} s   speed-up "
+          f"x{alone_s / shared_s:.2f}; replies identical: {same} / {len(prompts) * 3}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, Method, PlainMethod, PromptMethod
 from hf_memory.likelihood import reply_logprobs
-from hf_memory.methods import generate_with
+from hf_memory.methods import generate_with_each
 from hf_memory.selector import DEFAULT_GAINS
 
 from .intervals import mean_interval
@@ -210,7 +210,11 @@ def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | No
         scored = {name: _pair_logprobs(model, tokenizer, held_out, method, config.batch_size)
                   for name, method in methods.items()}
         margins = {name: lp[0] - lp[1] for name, lp in scored.items()}
-        for name, method in methods.items():
+        answered = dict(zip(methods, generate_with_each(
+            list(methods.values()), model, tokenizer, questions, batch_size=config.batch_size,
+            max_new_tokens=config.max_new_tokens, do_sample=False), strict=True)
+        ) if config.generate else {}
+        for name in methods:
             compliant, violating = scored[name]
             complied = (compliant / counts[0] > violating / counts[1]).astype(np.float64)
             shift = margins[name] - margins["plain"]
@@ -221,12 +225,7 @@ def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | No
                    "margin": float(margins[name].mean()), "shift": float(shift.mean()),
                    "shift_ci": mean_interval(shift, config.num_bootstrap, config.seed)}
             if config.generate:
-                replies = []
-                for start in range(0, len(questions), config.batch_size):
-                    replies += generate_with(method, model, tokenizer,
-                                             questions[start:start + config.batch_size],
-                                             max_new_tokens=config.max_new_tokens,
-                                             do_sample=False)
+                replies = answered[name]
                 follows = np.array([judge.complies(rule, r) for r in replies], np.float64)
                 row["generation_compliance"] = float(follows.mean())
                 row["generation_compliance_ci"] = mean_interval(follows, config.num_bootstrap,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, PlainMethod, PromptMethod
-from hf_memory.methods import generate_with
+from hf_memory.methods import generate_with_each
 
 __all__ = ["CARDS", "BoxedAnswerGrader", "extract_boxed", "load_problems",
            "run_heuristic_cards"]
@@ -205,12 +205,10 @@ def run_heuristic_cards(model, tokenizer, problems: Sequence[dict[str, str]],
         methods = {"plain": PlainMethod(),
                    "prompt": PromptMethod(cards[category], tokenizer=tokenizer),
                    "memory": MemoryMethod(BankSet([bank], model=model), **steering)}
-        for name, method in methods.items():
-            replies = []
-            for start in range(0, len(mine), batch_size):
-                replies += generate_with(method, model, tokenizer,
-                                         [p["question"] for p in mine[start:start + batch_size]],
-                                         max_new_tokens=max_new_tokens, do_sample=False)
+        answered = generate_with_each(list(methods.values()), model, tokenizer,
+                                      [p["question"] for p in mine], batch_size=batch_size,
+                                      max_new_tokens=max_new_tokens, do_sample=False)
+        for name, replies in zip(methods, answered, strict=True):
             points = [grader.grade(r, p["answer"]) for r, p in zip(replies, mine, strict=True)]
             scores.setdefault(category, {})[name] = sum(points) / len(points)
             rows += [{"category": category, "method": name, "question": p["question"],

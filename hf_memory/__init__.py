@@ -35,7 +35,7 @@ _EXPORTS = {
     "fingerprint": ["FingerprintMismatchError", "model_fingerprint"],
     "kv_accounting": ["KVFootprint", "kv_footprint"],
     "methods": ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
-                "generate_with"],
+                "generate_with", "generate_with_each"],
     "selector": ["Selector"],
     "steering": ["RowSteering", "SteeringHandle", "steer", "steered_generate"],
 }

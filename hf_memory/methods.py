@@ -18,19 +18,25 @@ from .bank_set import BankSet
 from .caa import CAAVectors, apply_caa
 from .chat import chat_messages, default_system_prompt, encode_chats, generate_conversations
 from .kv_accounting import prompt_kv_bytes
-from .steering import steer
+from .steering import SteeringHandle, steer
 
 __all__ = ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
-           "generate_with"]
+           "generate_with", "generate_with_each"]
 
 
 class Method:
     """Plain generation; the base of every method."""
 
     name = "plain"
+    shares_batches = True  # its rows can sit in one batch with other methods' (row_steering)
 
     def messages(self, prompt: str) -> list[dict[str, str]]:
         return chat_messages(prompt)
+
+    def row_steering(self, model: nn.Module) -> SteeringHandle | None:
+        """What steers this method's rows in a batch shared with other methods (an inactive
+        handle, closed by the caller; None: nothing, the method lives in its messages)."""
+        return None
 
     def attach(self, model: nn.Module, instruction_end: int) -> AbstractContextManager:
         """What to hold around generation; ``instruction_end``: where the user turn ends."""
@@ -93,6 +99,7 @@ class CAAMethod(Method):
     assistant's generation prompt and every generated token."""
 
     name = "caa"
+    shares_batches = False  # the vector is added to the whole batch
 
     def __init__(self, vectors: CAAVectors, scale: float | None = None) -> None:
         self.vectors = vectors
@@ -118,6 +125,9 @@ class MemoryMethod(Method):
     def attach(self, model: nn.Module, instruction_end: int) -> AbstractContextManager:
         return steer(model, self.banks, selector=self.selector, **self.steering)
 
+    def row_steering(self, model: nn.Module) -> SteeringHandle:
+        return steer(model, self.banks, selector=self.selector, active=False, **self.steering)
+
     def describe(self) -> dict[str, Any]:
         sites = ({str(k): v for k, v in self.selector.units.items()} if self.selector
                  else self.steering)
@@ -133,3 +143,45 @@ def generate_with(method: Method, model: nn.Module, tokenizer, prompts: Sequence
     return generate_conversations(
         model, tokenizer, [method.messages(p) for p in prompts],
         attach=lambda end: method.attach(model, end), **generate_kwargs)
+
+
+def generate_with_each(methods: Sequence[Method], model: nn.Module, tokenizer,
+                       prompts: Sequence[str], *, batch_size: int | None = None,
+                       **generate_kwargs: Any) -> list[list[str]]:
+    """Answer ``prompts`` under every method: one list of replies per method, as
+    :func:`generate_with` gives them. Plain, prompt and memory methods share left-padded batches
+    of ``batch_size`` rows (all in one by default), each memory row under its own banks and
+    sites (per-row steering); a method that cannot share (CAA) runs alone."""
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty sequence of strings")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    shared = [m for m in methods if m.shares_batches]
+    replies: dict[int, list[str]] = {}
+    handles = [m.row_steering(model) for m in shared]
+    try:
+        conversations = [m.messages(p) for m in shared for p in prompts]
+        rows = [handle for handle in handles for _ in prompts]
+        size = batch_size or len(conversations) or 1
+        flat: list[str] = []
+        for start in range(0, len(conversations), size):
+            chunk = rows[start:start + size]
+            steered = any(handle is not None for handle in chunk)
+            flat += generate_conversations(
+                model, tokenizer, conversations[start:start + size],
+                attach=lambda _end, chunk=chunk, steered=steered: (
+                    steer(model, chunk) if steered else nullcontext()), **generate_kwargs)
+    finally:
+        for handle in handles:
+            if handle is not None:
+                handle.remove()
+    for k, method in enumerate(shared):
+        replies[id(method)] = flat[k * len(prompts):(k + 1) * len(prompts)]
+    for method in methods:
+        if not method.shares_batches:
+            size = batch_size or len(prompts)
+            replies[id(method)] = [reply for start in range(0, len(prompts), size)
+                                   for reply in generate_with(method, model, tokenizer,
+                                                              prompts[start:start + size],
+                                                              **generate_kwargs)]
+    return [replies[id(method)] for method in methods]

@@ -10,7 +10,14 @@ from hf_memory.caa import CAAVectors, apply_caa
 from hf_memory.chat import encode_chats
 from hf_memory.controller import AllowedTokensProcessor
 from hf_memory.demo import DEFAULT_PERSONA
-from hf_memory.methods import CAAMethod, MemoryMethod, PlainMethod, PromptMethod, generate_with
+from hf_memory.methods import (
+    CAAMethod,
+    MemoryMethod,
+    PlainMethod,
+    PromptMethod,
+    generate_with,
+    generate_with_each,
+)
 from tests.test_memory_inception import token_ids
 from tests.test_memory_inception_real import worry_margin
 from tests.tiny_models import tiny_model
@@ -117,3 +124,21 @@ def test_likert_constraint_answers_with_a_digit(default_model):
     assert tokenizer.decode(out[0, -1:]) in {"1", "2", "3", "4", "5"}
     with pytest.raises(ValueError, match="single tokens"):
         AllowedTokensProcessor.from_strings(tokenizer, ["strongly agree"])
+
+
+def test_methods_sharing_batches_answer_as_each_alone(default_model, anxious_caa):
+    model, tokenizer = default_model
+    bank = MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, template="{text}",
+                                layers=range(18, 23), gain=2.0)
+    methods = [PlainMethod(), PromptMethod(DEFAULT_PERSONA, tokenizer=tokenizer),
+               CAAMethod(anxious_caa), MemoryMethod(BankSet([bank], model=model)),
+               MemoryMethod(BankSet([bank], model=model), layers=[20])]
+    prompts = ["How do you feel about your exam tomorrow?", "Any plans for the weekend?"]
+    alone = [generate_with(m, model, tokenizer, prompts, max_new_tokens=8) for m in methods]
+    shared = generate_with_each(methods, model, tokenizer, prompts, max_new_tokens=8)
+    assert shared == alone
+    assert generate_with_each(methods, model, tokenizer, prompts, batch_size=3,
+                              max_new_tokens=8) == alone
+    assert len({tuple(replies) for replies in alone}) == len(methods)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        generate_with_each(methods, model, tokenizer, prompts, batch_size=0)
