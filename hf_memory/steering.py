@@ -183,7 +183,61 @@ def _release_host(host: _ModelHost) -> None:
             host.uninstall()
 
 
-class SteeringHandle:
+class _CallSteering:
+    """What every steering object of a call shares: activation in a context, the per-thread
+    pre-RoPE queries of the running forward pass, the model host, and removal."""
+
+    def _start(self, model: nn.Module, adapter, active: bool) -> None:
+        self._queries = threading.local()
+        self._removed = False
+        self._host = _acquire_host(model, adapter)
+        self._token = _ACTIVE.set(self) if active else None
+
+    def _groups(self, attention: nn.Module) -> list[tuple[torch.Tensor | None, SiteState]]:
+        raise NotImplementedError
+
+    def _capture(self, attention: nn.Module, output: torch.Tensor, width: int) -> None:
+        if self._groups(attention):
+            if not hasattr(self._queries, "by_module"):
+                self._queries.by_module = {}
+            self._queries.by_module[attention] = self.adapter.heads(output, width)
+
+    def _take_query(self, attention: nn.Module) -> torch.Tensor | None:
+        return getattr(self._queries, "by_module", {}).pop(attention, None)
+
+    @contextmanager
+    def applied(self) -> Iterator[_CallSteering]:
+        """Steer the calls inside the block with this steering, in whatever context runs it
+        (the previous steering of that context, or none, comes back after)."""
+        if self._removed:
+            raise RuntimeError("this steering was removed")
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def _stop(self) -> bool:
+        """Deactivate and release the model; False if already done."""
+        if self._removed:
+            return False
+        self._removed = True
+        if self._token is not None:
+            try:
+                _ACTIVE.reset(self._token)
+            except ValueError:
+                pass  # removed from another context: the object left there is inert (_removed)
+        _release_host(self._host)
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()
+
+
+class SteeringHandle(_CallSteering):
     """A steering of one model; a context manager and a removable handle.
 
     Created active in the calling context (thread / asyncio task) until :meth:`remove`; other
@@ -239,12 +293,10 @@ class SteeringHandle:
         self._record_routing = False
         self._sites: dict[int, SiteState] = {}
         self._by_module: dict[nn.Module, SiteState] = {}
-        self._queries = threading.local()  # the pre-RoPE queries of this thread's forward pass
         self.audit_log: list[dict[str, Any]] = []
         self._removed = False
         self._install(self._as_bank_set(banks))
-        self._host = _acquire_host(model, self.adapter)
-        self._token = _ACTIVE.set(self) if active else None
+        self._start(model, self.adapter, active)
         self._record("activate")
 
     def _as_bank_set(self, banks: BankSet | Sequence[MemoryBank]) -> BankSet:
@@ -286,28 +338,7 @@ class SteeringHandle:
         site = self._site(attention)
         return [] if site is None else [(None, site)]
 
-    def _capture(self, attention: nn.Module, output: torch.Tensor, width: int) -> None:
-        if self._site(attention) is not None:
-            if not hasattr(self._queries, "by_module"):
-                self._queries.by_module = {}
-            self._queries.by_module[attention] = self.adapter.heads(output, width)
-
-    def _take_query(self, attention: nn.Module) -> torch.Tensor | None:
-        return getattr(self._queries, "by_module", {}).pop(attention, None)
-
     # -- the public handle
-
-    @contextmanager
-    def applied(self) -> Iterator[SteeringHandle]:
-        """Steer the calls inside the block with this handle, in whatever context runs it (the
-        previous steering of that context, or none, comes back after)."""
-        if self._removed:
-            raise RuntimeError("this steering handle was removed")
-        token = _ACTIVE.set(self)
-        try:
-            yield self
-        finally:
-            _ACTIVE.reset(token)
 
     def update(self, banks: BankSet | Sequence[MemoryBank]) -> None:
         """Swap the banks between two forward passes; the KV cache is not touched."""
@@ -319,22 +350,8 @@ class SteeringHandle:
     def remove(self) -> None:
         """End this steering; when it is the model's last, restore the model exactly (attention
         implementation and hooks). Safe from any thread; a second call does nothing."""
-        if self._removed:
-            return
-        self._removed = True
-        if self._token is not None:
-            try:
-                _ACTIVE.reset(self._token)
-            except ValueError:
-                pass  # removed from another context: the handle left there is inert (_removed)
-        _release_host(self._host)
-        self._record("remove")
-
-    def __enter__(self) -> SteeringHandle:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.remove()
+        if self._stop():
+            self._record("remove")
 
     @property
     def active_sites(self) -> dict[int, list[int]]:
@@ -399,7 +416,7 @@ def is_per_row(banks: Any) -> bool:
     return bool(per_row) and all(per_row)
 
 
-class RowSteering:
+class RowSteering(_CallSteering):
     """Per-row banks in one batch: row ``i`` is steered by ``rows[i]`` (None: plain), exactly
     as it would be alone under its own bank set; plain rows are bit-identical to the plain
     model's. One inactive :class:`SteeringHandle` per distinct bank set holds the sites; this
@@ -417,8 +434,8 @@ class RowSteering:
         if steering.get("trace_only"):
             raise ValueError("per-row banks record no routing trace: steer one bank set to trace")
         self.model, self.rows = model, list(rows)
+        self.adapter = get_adapter(model)
         self.audit_log: list[dict[str, Any]] = []
-        self._queries = threading.local()
         self._removed = False
         members: dict[int, tuple[SteeringHandle, list[int]]] = {}
         self._owned: list[SteeringHandle] = []  # built here from bank sets; removed with us
@@ -438,8 +455,7 @@ class RowSteering:
                          for handle, indices in members.values()]
         self._row_handles = [None if banks is None else members[id(banks)][0]
                              for banks in self.rows]
-        self._host = _acquire_host(model, get_adapter(model))  # also for an all-plain batch
-        self._token = _ACTIVE.set(self) if active else None
+        self._start(model, self.adapter, active)  # also for an all-plain batch
         self._record("activate")
 
     def _row_handle(self, row: int, banks: Any, steering: dict[str, Any]) -> SteeringHandle:
@@ -460,15 +476,6 @@ class RowSteering:
             return []
         return [(rows, site) for handle, rows in self._members
                 if (site := handle._site(attention)) is not None]
-
-    def _capture(self, attention: nn.Module, output: torch.Tensor, width: int) -> None:
-        if self._groups(attention):
-            if not hasattr(self._queries, "by_module"):
-                self._queries.by_module = {}
-            self._queries.by_module[attention] = self._members[0][0].adapter.heads(output, width)
-
-    def _take_query(self, attention: nn.Module) -> torch.Tensor | None:
-        return getattr(self._queries, "by_module", {}).pop(attention, None)
 
     def _on_forward(self, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -492,37 +499,12 @@ class RowSteering:
         logger.info("memory inception %s with per-row banks: %d rows, %d bank sets", event,
                     len(self.rows), len(self._members))
 
-    @contextmanager
-    def applied(self) -> Iterator[RowSteering]:
-        """Steer the calls inside the block with these rows, in whatever context runs it."""
-        if self._removed:
-            raise RuntimeError("this steering was removed")
-        token = _ACTIVE.set(self)
-        try:
-            yield self
-        finally:
-            _ACTIVE.reset(token)
-
     def remove(self) -> None:
         """End the steering of every row (see :meth:`SteeringHandle.remove`)."""
-        if self._removed:
-            return
-        self._removed = True
-        if self._token is not None:
-            try:
-                _ACTIVE.reset(self._token)
-            except ValueError:
-                pass  # removed from another context: the object left there is inert
-        for handle in self._owned:
-            handle.remove()
-        _release_host(self._host)
-        self._record("remove")
-
-    def __enter__(self) -> RowSteering:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.remove()
+        if self._stop():
+            for handle in self._owned:
+                handle.remove()
+            self._record("remove")
 
 
 def steer(model: nn.Module, banks: BankSet | Sequence[MemoryBank] | Sequence[RowBanks],
