@@ -60,6 +60,7 @@ class SiteState:
     routing: list[torch.Tensor] = field(default_factory=list)
     record_routing: bool = False
     trace_only: bool = False
+    strength: float = 1.0
 
 
 def _base_attention(name: str, module: nn.Module):
@@ -67,6 +68,25 @@ def _base_attention(name: str, module: nn.Module):
     if name == "eager":
         return sys.modules[type(module).__module__].eager_attention_forward
     return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState) -> None:
+    """Put the site's heads of ``mixed`` ``[B, H, T, D]`` into ``output`` ``[B, T, H, D]``: the
+    mixture, or at strength s < 1 the plain output moved the fraction s of the way to it."""
+    steered = mixed[:, site.heads]
+    if site.strength != 1.0:
+        plain = output[:, :, site.heads].transpose(1, 2).to(steered.dtype)
+        steered = plain + site.strength * (steered - plain)
+    output[:, :, site.heads] = steered.transpose(1, 2).to(output.dtype)
+
+
+def check_strength(strength: Any) -> float:
+    """The strength dial: a number in [0, 1] (0: the plain model, 1: the full mixture)."""
+    if (isinstance(strength, bool) or not isinstance(strength, int | float)
+            or not 0.0 <= strength <= 1.0):
+        raise ValueError(f"strength must be a number in [0, 1] (0: plain, 1: the full bank "
+                         f"mixture), got {strength!r}")
+    return float(strength)
 
 
 # The steering of the running call (None: plain). Each thread starts with none; asyncio tasks and
@@ -98,7 +118,7 @@ def _steered_attention(base_name: str):
                     q_pre[rows], query[rows], key[rows], value[rows], seen, site.stack,
                     scaling=scaling, gamma=site.gamma, size_normalize=site.size_normalize)
                 part = output[rows]
-                part[:, :, site.heads] = mixed[:, site.heads].transpose(1, 2).to(output.dtype)
+                _write_steered(part, mixed, site)
                 output[rows] = part
             return output, weights
         mixed, routing = bank_mixture(
@@ -109,11 +129,11 @@ def _steered_attention(base_name: str):
         if site.trace_only:
             return base(module, query, key, value, attention_mask, scaling=scaling,
                         dropout=dropout, **kwargs)
-        if site.all_heads:
+        if site.all_heads and site.strength == 1.0:
             return mixed.transpose(1, 2).to(query.dtype), None
         output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                dropout=dropout, **kwargs)
-        output[:, :, site.heads] = mixed[:, site.heads].transpose(1, 2).to(output.dtype)
+        _write_steered(output, mixed, site)
         return output, weights
 
     return attention
@@ -259,6 +279,10 @@ class SteeringHandle(_CallSteering):
         gamma, size_normalize: override the bank set's mixture settings.
         trace_only: compute and record the routing at the sites but leave the model's outputs
             unchanged (diagnostic tracing for calibration).
+        strength: the dial in [0, 1]: each steered head's output is the plain output moved this
+            fraction of the way to the bank mixture (0: bit-identical to the plain model, 1: the
+            full mixture, the default). Unlike the gain ρ, whose zero still gives the banks
+            attention mass, its zero removes them. :meth:`set_strength` turns it later.
         active: activate the steering in the calling context now (default).
     """
 
@@ -275,9 +299,11 @@ class SteeringHandle(_CallSteering):
         gamma: float | None = None,
         size_normalize: bool | None = None,
         trace_only: bool = False,
+        strength: float = 1.0,
         active: bool = True,
     ) -> None:
         self.model = model
+        self.strength = check_strength(strength)
         self.adapter = get_adapter(model)
         config = model.config
         self._heads, self._kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -319,7 +345,8 @@ class SteeringHandle(_CallSteering):
             heads=torch.tensor(plan.heads, device=parameter.device, dtype=torch.long),
             stack=plan.stack, all_heads=len(plan.heads) == self._heads,
             gamma=plan.gamma, size_normalize=plan.size_normalize,
-            record_routing=self._record_routing, trace_only=self._trace_only)
+            record_routing=self._record_routing, trace_only=self._trace_only,
+            strength=self.strength)
             for layer, plan in plans.items()}
         by_module = {self.adapter.attention(self.model, layer): site
                      for layer, site in sites.items()}
@@ -331,7 +358,9 @@ class SteeringHandle(_CallSteering):
     def _site(self, attention: nn.Module) -> SiteState | None:
         """The site at ``attention`` when a bank applies there (None: the layer runs plain)."""
         site = None if self._removed else self._by_module.get(attention)
-        return site if site is not None and site.stack is not None else None
+        if site is None or site.stack is None or site.strength == 0.0:
+            return None
+        return site
 
     def _groups(self, attention: nn.Module) -> list[tuple[torch.Tensor | None, SiteState]]:
         """(rows, site) pairs steered at ``attention``; rows None: the whole batch."""
@@ -346,6 +375,14 @@ class SteeringHandle(_CallSteering):
             raise RuntimeError("this steering handle was removed")
         self._install(self._as_bank_set(banks))
         self._record("update")
+
+    def set_strength(self, strength: float) -> None:
+        """Turn the dial (see ``strength``) between two forward passes."""
+        if self._removed:
+            raise RuntimeError("this steering handle was removed")
+        self.strength = check_strength(strength)
+        self._install(self.bank_set)
+        self._record("strength", strength=self.strength)
 
     def remove(self) -> None:
         """End this steering; when it is the model's last, restore the model exactly (attention
@@ -393,6 +430,7 @@ class SteeringHandle(_CallSteering):
             "event": event,
             "banks": self.bank_set.audit(),
             "sites": {str(k): v for k, v in self.active_sites.items()} if self._sites else {},
+            "strength": self.strength,
             **extra,
         }
         self.audit_log.append(record)
