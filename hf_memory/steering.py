@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -320,7 +320,6 @@ class SteeringHandle(_CallSteering):
         self._sites: dict[int, SiteState] = {}
         self._by_module: dict[nn.Module, SiteState] = {}
         self.audit_log: list[dict[str, Any]] = []
-        self._removed = False
         self._install(self._as_bank_set(banks))
         self._start(model, self.adapter, active)
         self._record("activate")
@@ -348,9 +347,12 @@ class SteeringHandle(_CallSteering):
             record_routing=self._record_routing, trace_only=self._trace_only,
             strength=self.strength)
             for layer, plan in plans.items()}
+        self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
+        self._publish(sites)
+
+    def _publish(self, sites: dict[int, SiteState]) -> None:
         by_module = {self.adapter.attention(self.model, layer): site
                      for layer, site in sites.items()}
-        self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
         self._sites, self._by_module = sites, by_module
 
     # -- called by the installed hooks and the attention function, in the running call
@@ -381,7 +383,8 @@ class SteeringHandle(_CallSteering):
         if self._removed:
             raise RuntimeError("this steering handle was removed")
         self.strength = check_strength(strength)
-        self._install(self.bank_set)
+        self._publish({layer: replace(site, strength=self.strength)
+                       for layer, site in self._sites.items()})
         self._record("strength", strength=self.strength)
 
     def remove(self) -> None:
@@ -474,7 +477,6 @@ class RowSteering(_CallSteering):
         self.model, self.rows = model, list(rows)
         self.adapter = get_adapter(model)
         self.audit_log: list[dict[str, Any]] = []
-        self._removed = False
         members: dict[int, tuple[SteeringHandle, list[int]]] = {}
         self._owned: list[SteeringHandle] = []  # built here from bank sets; removed with us
         try:

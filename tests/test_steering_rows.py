@@ -32,22 +32,32 @@ def row_sets():
     return [one, None, two, one, late]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
-def test_each_row_equals_its_banks_over_the_batch_and_plain_rows_are_bit_identical(family):
-    model = tiny_model(family)
+def assert_rows_as_uniform(model, rows, steered_by):
+    """Steer the left-padded batch per row with ``rows``: plain rows must equal the plain model
+    bit for bit, and row i the batch steered as a whole by ``steered_by(rows[i])`` (a context
+    manager). Returns the per-row logits, the plain ones and, per steered row, the uniform ones."""
     _, ids, mask = left_padded()
-    rows = row_sets()
     plain = model(ids, attention_mask=mask).logits
     with steer(model, rows):
         mixed = model(ids, attention_mask=mask).logits
-    for i, banks in enumerate(rows):
-        if banks is None:
+    uniform = {}
+    for i, row in enumerate(rows):
+        if row is None:
             assert torch.equal(mixed[i], plain[i])
             continue
-        with steer(model, banks):
-            uniform = model(ids, attention_mask=mask).logits
-        assert not torch.equal(uniform[i], plain[i])
+        with steered_by(row):
+            uniform[i] = model(ids, attention_mask=mask).logits[i]
         torch.testing.assert_close(mixed[i], uniform[i], **TOL)
+    return mixed, plain, uniform
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+def test_each_row_equals_its_banks_over_the_batch_and_plain_rows_are_bit_identical(family):
+    model = tiny_model(family)
+    rows = row_sets()
+    _, plain, uniform = assert_rows_as_uniform(model, rows, lambda banks: steer(model, banks))
+    for i, logits in uniform.items():
+        assert not torch.equal(logits, plain[i])
     assert_restored(model)
 
 
@@ -110,16 +120,7 @@ def test_rows_given_as_handles_keep_their_own_sites_and_gains():
     first = steer(model, bank, layers=[0], layer_gains={0: 2.0}, active=False)
     last = steer(model, bank, layers=[2], active=False)
     rows = [first, None, last, first, last]
-    plain = model(ids, attention_mask=mask).logits
-    with steer(model, rows):
-        mixed = model(ids, attention_mask=mask).logits
-    for i, handle in enumerate(rows):
-        if handle is None:
-            assert torch.equal(mixed[i], plain[i])
-            continue
-        with handle.applied():
-            uniform = model(ids, attention_mask=mask).logits
-        torch.testing.assert_close(mixed[i], uniform[i], **TOL)
+    mixed, plain, _ = assert_rows_as_uniform(model, rows, lambda handle: handle.applied())
     assert not torch.equal(mixed[0], plain[0]) and not torch.equal(mixed[2], plain[2])
     with steer(model, rows):  # the caller's handles outlive the batch steering
         last.remove()
