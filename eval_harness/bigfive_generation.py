@@ -3,7 +3,9 @@
 Each method, steered towards a target trait, answers open-ended held-out prompts; the judge
 scores every response on the five traits and coherence (1–5). Mean judged trait scores give
 Δ_target, non-target drift and GAS = Δ_target − D against the plain model, through the same
-``drift_adjusted_score`` metric as the questionnaire. The default judge is
+``drift_adjusted_score`` metric as the questionnaire. Beside the judge, the responses'
+repetition (:func:`~hf_memory.text_quality.repetition`: mean distinct-2 and repeated-4-gram
+share) per run and per method over its target traits. The default judge is
 :class:`~eval_harness.judges.AffectLexiconJudge`; the results carry its agreement (and the
 hand-made lexicon judge's) on the labelled held-out trait pairs.
 """
@@ -14,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from hf_memory import Method, generate_with
+from hf_memory.text_quality import repetition
 
 from .bigfive import BigFiveConfig, run_conditions, summarize
 from .judges import (
@@ -56,6 +59,10 @@ def run_bigfive_generation(model, tokenizer, config: BigFiveConfig, *,
     for run in runs:
         run["coherence"] = (sum(o["judgement"]["coherence"] for o in run["outputs"])
                             / len(run["outputs"]))
+        run["repetition"] = repetition([o["response"] for o in run["outputs"]])
+    by_method = {run["method"]: [] for run in runs}
+    for run in runs:
+        by_method[run["method"]] += [o["response"] for o in run["outputs"]]
     pairs = validate_judge_on_pairs(judge)
     compared = [pairs] + [validate_judge_on_pairs(other)
                           for other in (LexiconJudge(), AffectLexiconJudge())
@@ -64,4 +71,5 @@ def run_bigfive_generation(model, tokenizer, config: BigFiveConfig, *,
             "config": {k: v for k, v in asdict(config).items() if k != "extra"},
             "judge": {"name": judge.name, "validation": validate_judge(judge), "pairs": pairs},
             "judges_compared": compared,
+            "repetition": {method: repetition(replies) for method, replies in by_method.items()},
             "items": {"source": "held-out open-ended prompts", "count": len(prompts)}}

@@ -27,7 +27,8 @@ latent bank / vector bytes) and the tokens it ran through the model.
 With ``generate=True`` every case is also run in the paper's generation form
 (:func:`generate_case`): the model writes every assistant turn itself and post-shift replies are
 judged by :class:`~eval_harness.style_judge.StyleJudge` (validated on the bank's labelled pairs,
-reported in the results).
+reported in the results); beside the judge, the repetition of every turn the model wrote
+(:func:`~hf_memory.text_quality.repetition`: mean distinct-2 and repeated-4-gram share per reply).
 
 Calibration (disjoint from every dialogue): per transition, the behavioural selector for the new
 style's bank and the CAA scale are chosen on the pair's calibration items
@@ -51,6 +52,7 @@ from hf_memory.kv_accounting import kv_footprint
 from hf_memory.methods import PromptMethod
 from hf_memory.selector import DEFAULT_GAINS
 from hf_memory.site_search import ShiftObjective, best_strength
+from hf_memory.text_quality import repetition
 
 from .bigfive import CAA_FRAMES
 from .dialogue_cases import (
@@ -272,7 +274,9 @@ def _summary(cases: list[dict[str, Any]], methods: Sequence[str], key: str, grou
     **switch**, how much more Align rose from before to after the shift than plain's did,
     (post − pre) − (post − pre of plain), which cancels what the method's guidance does
     whatever its content (e.g. any bank at those sites). ``form``: the case records' field
-    (``methods``: likelihood, ``generated``: judged generations)."""
+    (``methods``: likelihood, ``generated``: judged generations, which adds the coherence and
+    the repetition of all the chosen cases' replies, every turn, each reply weighing the
+    same)."""
     rows = []
     for group, keep in groups:
         chosen = [c for c in cases if keep(c)]
@@ -296,6 +300,8 @@ def _summary(cases: list[dict[str, Any]], methods: Sequence[str], key: str, grou
             if form == "generated":
                 rows[-1]["coherence"] = float(np.mean([c[form][method]["coherence"]
                                                        for c in chosen]))
+                rows[-1]["repetition"] = repetition([r for c in chosen
+                                                     for r in c[form][method]["replies"]])
     return rows
 
 

@@ -94,22 +94,31 @@ def render_dialogue_shift(record: dict[str, Any], out: Path) -> list[Path]:
     return [report, plot]
 
 
+def _repetition(row: dict[str, Any]) -> str:
+    """The distinct-2 and repeated-4-gram cells ("—" in results recorded before they were)."""
+    q = row.get("repetition")
+    return "— | —" if q is None else f"{q['distinct_2']:.2f} | {q['repeated_4gram']:.2f}"
+
+
 def _generation_section(results: dict[str, Any]) -> str:
     if "generation" not in results:
         return ""
     generation = results["generation"]
     judge = generation["judge"]
     rows = ["| transition | method | cases | post-shift judged Align [95 % CI] | shift over "
-            "plain [95 % CI] | pre-shift | coherence 1-5 |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+            "plain [95 % CI] | pre-shift | coherence 1-5 | distinct-2 | repeated 4-grams |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in generation["by_transition"] + generation["overall"]:
         rows.append(f"| {r.get('transition', 'all')} | {r['method']} | {r['cases']} | "
                     f"{r['align']:+.2f} [{r['align_ci'][0]:+.2f}, {r['align_ci'][1]:+.2f}] | "
                     f"{r['shift']:+.2f} [{r['shift_ci'][0]:+.2f}, {r['shift_ci'][1]:+.2f}] | "
-                    f"{r['pre_align']:+.2f} | {r['coherence']:.2f} |")
+                    f"{r['pre_align']:+.2f} | {r['coherence']:.2f} | {_repetition(r)} |")
     agreement = ", ".join(f"{k} {v['agreement']:.2f}" for k, v in judge["styles"].items())
     return ("\n## Generation form\n\nThe model writes every turn (greedy); each reply is "
             f"judged by `{judge['judge']}` (agreement with the case bank's labelled style pairs: "
             f"{agreement}; overall {judge['overall']:.2f}). Align = score(new style) − "
             "score(old style), each on 1-5; coherence = distinct-bigram share on 1-5, a crude "
-            "quality proxy for the paper's Q_turn.\n\n" + "\n".join(rows) + "\n")
+            "quality proxy for the paper's Q_turn (post-shift turns). Repetition over every "
+            "turn the model wrote, mean per reply: distinct-2 = distinct word bigrams / "
+            "bigrams, repeated 4-grams = share of its word 4-grams already seen earlier in "
+            "it.\n\n" + "\n".join(rows) + "\n")

@@ -15,7 +15,9 @@ method, on the held-out questions:
   log p(compliant) − log p(violating);
 - **generation compliance** (``generate=True``): greedy replies checked by :class:`RuleJudge`,
   a programmatic judge (a word count, a digits pattern, and ``langdetect`` restricted to
-  English / French), whose agreement with the labelled replies of every item is reported.
+  English / French), whose agreement with the labelled replies of every item is reported;
+  beside it, the replies' repetition (:func:`~hf_memory.text_quality.repetition`: mean
+  distinct-2 and repeated-4-gram share).
 
 Intervals: 95 % bootstrap over questions. The paper's structured-reasoning guidance banks
 (HARDMath / PHYSICS heuristic cards) are in :mod:`~eval_harness.heuristic_cards`, for users'
@@ -39,6 +41,7 @@ from hf_memory import BankSet, MemoryBank, MemoryMethod, Method, PlainMethod, Pr
 from hf_memory.likelihood import reply_logprobs
 from hf_memory.methods import generate_with_each
 from hf_memory.selector import DEFAULT_GAINS
+from hf_memory.text_quality import repetition
 
 from .intervals import mean_interval
 from .names import RULES, check_positive_ints
@@ -230,6 +233,7 @@ def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | No
                 row["generation_compliance"] = float(follows.mean())
                 row["generation_compliance_ci"] = mean_interval(follows, config.num_bootstrap,
                                                                 config.seed)
+                row["repetition"] = repetition(replies)
                 generations[f"{rule}/{name}"] = replies
             rows.append(row)
     return {"rows": rows, "setups": setups, "generations": generations,

@@ -1,5 +1,5 @@
 """The report of a ``guidance`` results file: compliance per rule and method, likelihood and
-generation, with the rule judge's agreement and a bar plot."""
+generation (with the replies' repetition), the rule judge's agreement and a bar plot."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ _COLORS = {"plain": "#8c8c8c", "prompt": "#dd8452", "memory": "#4c72b0"}
 def _ci(row: dict[str, Any], key: str, sign: str = "") -> str:
     low, high = row[f"{key}_ci"]
     return f"{row[key]:{sign}.2f} [{low:{sign}.2f}, {high:{sign}.2f}]"
+
+
+def _repetition(row: dict[str, Any]) -> str:
+    """The distinct-2 and repeated-4-gram cells ("—" in results recorded before they were)."""
+    q = row.get("repetition")
+    return "— | —" if q is None else f"{q['distinct_2']:.2f} | {q['repeated_4gram']:.2f}"
 
 
 def render_guidance(record: dict[str, Any], out: Path) -> list[Path]:
@@ -46,18 +52,22 @@ def render_guidance(record: dict[str, Any], out: Path) -> list[Path]:
     axes[0][0].set_ylabel("share of held-out questions")
     axes[0][0].legend(fontsize=7)
     plot = save_figure(fig, out / "guidance.png")
+    generated = len(kinds) > 1
     header = ("| rule | method | likelihood compliance [95 % CI] | margin shift over plain "
-              "[95 % CI] |" + (" generation compliance [95 % CI] |" if len(kinds) > 1 else "")
-              + "\n| --- | --- | --- | --- |" + (" --- |" if len(kinds) > 1 else ""))
+              "[95 % CI] |" + (" generation compliance [95 % CI] | distinct-2 | repeated "
+                               "4-grams |" if generated else "")
+              + "\n| --- | --- | --- | --- |" + (" --- | --- | --- |" if generated else ""))
     lines = [f"| {r['rule']} | {r['method']} | {_ci(r, 'likelihood_compliance')} | "
              f"{_ci(r, 'shift', '+')} |"
-             + (f" {_ci(r, 'generation_compliance')} |" if len(kinds) > 1 else "")
+             + (f" {_ci(r, 'generation_compliance')} | {_repetition(r)} |" if generated else "")
              for r in rows]
     judge = results["judge"]
     agreement = ("" if judge is None else
                  f"Rule judge `{judge['judge']}`, agreement with the labelled replies: "
                  + ", ".join(f"{rule} {v['agreement']:.2f} ({v['labelled']})"
-                             for rule, v in judge["rules"].items()) + ".\n\n")
+                             for rule, v in judge["rules"].items()) + ". Repetition of the "
+                 "replies, mean per reply: distinct-2 = distinct word bigrams / bigrams, "
+                 "repeated 4-grams = share of its word 4-grams already seen earlier in it.\n\n")
     sites = "; ".join(f"{rule}: layers {s['memory']['layers']}"
                       for rule, s in results["setups"].items())
     report = out / "report.md"

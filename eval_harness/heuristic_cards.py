@@ -11,7 +11,8 @@ module is a harness, not a measured result.
   normalisation or numerically within ``rtol`` scores 1; a reply matching some but not all of a
   reference's comma-separated components scores 0.5 — our guess at its partial credit);
 - :func:`run_heuristic_cards`: plain (the problem only), prompt (the card in the system prompt)
-  and memory (the card as a bank at the sites the user gives: a selector, or layers and a gain).
+  and memory (the card as a bank at the sites the user gives: a selector, or layers and a gain);
+  beside the grade, the replies' repetition (:func:`~hf_memory.text_quality.repetition`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, PlainMethod, PromptMethod
 from hf_memory.methods import generate_with_each
+from hf_memory.text_quality import repetition
 
 __all__ = ["CARDS", "BoxedAnswerGrader", "extract_boxed", "load_problems",
            "run_heuristic_cards"]
@@ -183,7 +185,8 @@ def run_heuristic_cards(model, tokenizer, problems: Sequence[dict[str, str]],
                         batch_size: int = 8) -> dict[str, Any]:
     """Plain, prompt and memory on ``problems``; each category's card from ``cards`` (e.g.
     ``CARDS["hardmath"]``). Memory sites: ``selector``, else ``layers`` at ``gain``. Returns
-    per-problem replies and points and the mean points per category and method.
+    per-problem replies and points, and per category and method the mean points (``scores``)
+    and the replies' repetition (``repetition``: mean distinct-2 and repeated-4-gram share).
 
     Raises:
         ValueError: a problem's category has no card, or no memory sites were given.
@@ -197,7 +200,7 @@ def run_heuristic_cards(model, tokenizer, problems: Sequence[dict[str, str]],
     grader = grader or BoxedAnswerGrader()
     steering = ({"selector": selector} if selector is not None
                 else {"layers": list(layers), "layer_gains": dict.fromkeys(layers, gain)})
-    rows, scores = [], {}
+    rows, scores, repeats = [], {}, {}
     for category in sorted({p["category"] for p in problems}):
         mine = [p for p in problems if p["category"] == category]
         bank = MemoryBank.from_text(model, tokenizer, cards[category], role="target",
@@ -211,7 +214,8 @@ def run_heuristic_cards(model, tokenizer, problems: Sequence[dict[str, str]],
         for name, replies in zip(methods, answered, strict=True):
             points = [grader.grade(r, p["answer"]) for r, p in zip(replies, mine, strict=True)]
             scores.setdefault(category, {})[name] = sum(points) / len(points)
+            repeats.setdefault(category, {})[name] = repetition(replies)
             rows += [{"category": category, "method": name, "question": p["question"],
                       "reply": r, "points": s}
                      for p, r, s in zip(mine, replies, points, strict=True)]
-    return {"scores": scores, "rows": rows, "grader": grader.name}
+    return {"scores": scores, "rows": rows, "grader": grader.name, "repetition": repeats}

@@ -40,6 +40,20 @@ def _bigfive_tables(results: dict[str, Any], kind: str) -> tuple[str, dict]:
     return "\n".join(lines), das
 
 
+def _repetition_table(runs: list[dict[str, Any]]) -> str:
+    """Per run: the judge's coherence beside the responses' repetition (mean per response)."""
+    lines = ["### Repetition of the responses", "",
+             "Mean per response: distinct-2 = distinct word bigrams / bigrams; repeated "
+             "4-grams = share of its word 4-grams already seen earlier in it.", "",
+             "| method | target | coherence 1-5 | distinct-2 | repeated 4-grams |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in runs:
+        q = r["repetition"]
+        lines.append(f"| {r['method']} | {r['target'] or '—'} | {r['coherence']:.2f} | "
+                     f"{q['distinct_2']:.2f} | {q['repeated_4gram']:.2f} |")
+    return "\n".join(lines)
+
+
 def _bar_plot(das: dict[str, dict[str, float]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -159,6 +173,10 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         from .dialogue_shift_report import render_dialogue_shift
 
         return render_dialogue_shift(record, out)
+    if task == "tradeoff":
+        from .tradeoff_report import render_tradeoff
+
+        return render_tradeoff(record, out)
     if task == "capability":
         from .capability_report import render_capability
 
@@ -195,6 +213,8 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         sections.append(f"Judge `{judge['name']}` (validation accuracy "
                         f"{judge['validation']['accuracy']:.2f}{pairs}); coherence 1-5: "
                         f"{coherence}")
+        if all("repetition" in r for r in results["runs"]):
+            sections.append(_repetition_table(results["runs"]))
     header = (f"# {title}\n\nModel `{record['model']['name_or_path']}`, "
               f"{results['items']['count']} items, wall time {record['wall_time_s']:.0f} s, "
               f"git {record['environment']['git_sha']}.\n\nSelected sites per trait: "

@@ -50,7 +50,8 @@ from hf_memory.calibration import (
 from hf_memory.demo import selectors_dir
 from hf_memory.likelihood import pair_margins
 from hf_memory.selector import DEFAULT_GAINS, pairs_digest
-from hf_memory.site_search import ShiftObjective, best_strength
+from hf_memory.site_search import ShiftObjective, best_strength, check_weight
+from hf_memory.steering_cost import NeutralCost
 
 from .bigfive import CAA_FRAMES, answer_items, load_items
 from .metrics import load_metric
@@ -58,7 +59,7 @@ from .names import DIRECTIONS, FACTORS, checked_directions
 
 __all__ = ["DIRECTIONS", "CAAFromStart", "FrozenDirection", "TraitSteeringConfig",
            "bank_sources", "behavioural_selector", "calibrate_direction", "eval_pairs",
-           "run_layer_ablation", "run_trait_steering"]
+           "neutral_control", "run_layer_ablation", "run_trait_steering"]
 
 EVAL_PATH = Path(__file__).parent / "data" / "trait_pairs.json"
 
@@ -93,8 +94,9 @@ class TraitSteeringConfig:
     uncertainty_weight: float = 1.0
     bank_context: str = "system"
     bank_template: str = "{text}"
+    cost_budget: float | None = None
     caa_layer: int = 10
-    caa_scales: Sequence[float] = (1.0, 2.0, 4.0, 8.0, 16.0)
+    caa_scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
     caa_start: str = "all"
     controls: bool = True
     diagnostic: bool = True
@@ -110,6 +112,8 @@ class TraitSteeringConfig:
             raise ValueError(f"caa_start must be 'all' or 'instruction', got {self.caa_start!r}")
         if not 1 <= self.calibration_pairs <= 24:
             raise ValueError("calibration_pairs must be between 1 and 24 per trait")
+        if self.cost_budget is not None:
+            check_weight("cost_budget", self.cost_budget)
 
 
 class CAAFromStart(CAAMethod):
@@ -167,18 +171,32 @@ def _same_banks(saved: Selector, banks: BankSet, sources) -> bool:
             and source["templates"] == [recipe["template"]])
 
 
+def neutral_control(model, tokenizer, config) -> BankSet | None:
+    """The neutral bank set whose movement a budgeted search subtracts (built like the target
+    bank, from the neutral text); None without a cost budget."""
+    if config.cost_budget is None:
+        return None
+    return BankSet([_bank(model, tokenizer, neutral_text(), "target", "neutral", config)],
+                   model=model)
+
+
 def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
-                         name: str) -> Selector:
+                         name: str, *, control: BankSet | None = None,
+                         cost: NeutralCost | None = None) -> Selector:
     """Reuse a frozen selector for the same banks, calibration pairs and objective (the one saved
     under ``config.selectors_dir / name``, else the one shipped with the package under
     ``name``), or calibrate one and save it there. ``config`` carries the search's knobs
     (``top_layers``, ``candidate_layers``, ``gains``, ``uncertainty_weight``, ``batch_size``,
-    ``selectors_dir``). Banks match by recipe (:func:`bank_sources`), so a selector is reused
-    across thread counts."""
+    ``selectors_dir``, ``cost_budget``: with a budget, ``control`` is the neutral bank set and
+    ``cost`` the neutral text). Banks match by recipe (:func:`bank_sources`), so a selector is
+    reused across thread counts."""
     path = Path(config.selectors_dir) / name if config.selectors_dir else None
+    budget = getattr(config, "cost_budget", None)  # a task without one searches unbudgeted
     wanted = {"pairs_sha256": pairs_digest(pairs, drift),
               "uncertainty_weight": config.uncertainty_weight, "top_layers": config.top_layers,
-              "gains": sorted(float(g) for g in config.gains)}
+              "cost_budget": budget}
+    if budget is None:
+        wanted["gains"] = sorted(float(g) for g in config.gains)
     sources = bank_sources(banks)
     candidates = sorted({layer for bank in banks for layer in bank.layers}
                         if config.candidate_layers is None else set(config.candidate_layers))
@@ -193,7 +211,7 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
         model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
         candidate_layers=config.candidate_layers, gains=config.gains,
         uncertainty_weight=config.uncertainty_weight, batch_size=config.batch_size,
-        progress=False)
+        cost_budget=budget, cost=cost, control_banks=control, progress=False)
     selector.config["bank_sources"] = sources
     if path is not None:
         selector.save_pretrained(path)
@@ -242,14 +260,18 @@ def calibrate_direction(model, tokenizer, direction: str,
     or shipped behavioural selector when it was calibrated for the same banks and objective)."""
     _, _, target, reference = direction_parts(direction)
     pairs, drift = calibration_pairs(direction, config.calibration_pairs, config.drift_pairs)
+    cost = (NeutralCost(model, tokenizer, batch_size=config.batch_size)
+            if config.cost_budget is not None else None)
     objective = ShiftObjective(model, tokenizer, pairs, drift,
                                uncertainty_weight=config.uncertainty_weight,
-                               batch_size=config.batch_size)
+                               batch_size=config.batch_size, cost=cost)
     # named as the demo's persona_bank, so that the shipped selectors match when the recipe does
     target_bank = _bank(model, tokenizer, target, "target", "persona", config)
     reference_bank = _bank(model, tokenizer, reference, "reference", "reference", config)
     banks = BankSet([target_bank], model=model)
-    selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction)
+    control = neutral_control(model, tokenizer, config)
+    selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction,
+                                    control=control, cost=cost)
     methods: dict[str, Method] = {
         "prompt": PromptMethod(target, tokenizer=tokenizer),
         "memory": MemoryMethod(banks, selector),
@@ -259,13 +281,16 @@ def calibrate_direction(model, tokenizer, direction: str,
                                  layers=[config.caa_layer])
     caa_class = CAAFromStart if config.caa_start == "all" else CAAMethod
     scale, caa_rows = best_strength(
-        objective, lambda s, c=caa_class, v=vectors: c(v, scale=s), config.caa_scales)
+        objective, lambda s, c=caa_class, v=vectors: c(v, scale=s), config.caa_scales,
+        cost_budget=config.cost_budget)
     methods["caa"] = caa_class(vectors, scale=scale)
     setup: dict[str, Any] = {
         "calibration_pairs": [list(p) for p in pairs],
         "caa": {"layer": config.caa_layer, "scale": scale, "start": config.caa_start,
                 "calibration": caa_rows},
         "memory": {"layers": selector.layers, "gain": selector.layer_gains,
+                   "units": {str(k): v for k, v in selector.units.items()},
+                   "strength": selector.strength, "cost_budget": config.cost_budget,
                    "search": selector.config["history"], "objective": selector.config["best"],
                    "routing_mass": _site_mass(model, tokenizer, methods["memory"],
                                               calibration_prompts()[:4]),
@@ -398,8 +423,9 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
     """Paper figure 3: effect and KV footprint as the number of steered layers grows.
 
     For each direction the behavioural search ranks layers alone (stage 1); the top ``k`` of
-    that ranking, at the gain the search chose, are scored on the held-out likelihood items for
-    k = 1 … ``max_layers``, beside the visible prompt's effect and KV bytes.
+    that ranking, at the gain and strength the search chose, are scored on the held-out
+    likelihood items for k = 1 … ``max_layers``, beside the visible prompt's effect and KV
+    bytes.
     """
     items = eval_pairs(config.limit)
     pairs_all = [oriented(i, 1) for i in items]
@@ -414,7 +440,8 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
         bank = _bank(model, tokenizer, target, "target", "persona", config)
         banks = BankSet([bank], model=model)
         selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config,
-                                         direction)
+                                        direction,
+                                        control=neutral_control(model, tokenizer, config))
         singles = selector.config["history"][:len(selector.candidate_layers)]
         ranking = [s["layers"][0] for s in sorted(singles, key=lambda s: -s["score"])]
         gain = next(iter(selector.layer_gains.values()))
@@ -430,13 +457,15 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
 
         prompt = PromptMethod(target, tokenizer=tokenizer)
         entry = {"direction": direction, "ranking": ranking, "gain": gain,
+                 "strength": selector.strength,
                  "selected": selector.layers, "prompt": score(prompt),
                  "prompt_kv_bytes": prompt.guidance_kv_bytes(model, tokenizer,
                                                              items[0]["question"]),
                  "steps": []}
         for k in range(1, min(max_layers, len(ranking)) + 1):
             layers = sorted(ranking[:k])
-            method = MemoryMethod(banks, layers=layers, layer_gains=dict.fromkeys(layers, gain))
+            method = MemoryMethod(banks, layers=layers, layer_gains=dict.fromkeys(layers, gain),
+                                  strength=selector.strength)
             footprint = kv_footprint(model, banks, descriptor, layers=layers)
             entry["steps"].append({"layers": layers, "bank_bytes": footprint.bank_bytes,
                                    **score(method)})

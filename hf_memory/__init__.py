@@ -38,6 +38,7 @@ _EXPORTS = {
                 "generate_with", "generate_with_each"],
     "selector": ["Selector"],
     "steering": ["RowSteering", "SteeringHandle", "steer", "steered_generate"],
+    "text_quality": ["distinct_n", "repeated_ngram_fraction", "repetition"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -25,11 +25,20 @@ from .adapters import get_adapter
 from .capture import capture_kv
 from .chat import chat_messages
 
-__all__ = ["CONTEXTS", "DEFAULT_TEMPLATES", "ROLES", "MemoryBank", "render_in_context"]
+__all__ = ["CONTEXTS", "DEFAULT_TEMPLATES", "FUNCTION_WORDS", "KEEP", "ROLES", "MemoryBank",
+           "render_in_context"]
 
 ROLES = ("target", "reference", "auxiliary")
 TEXT_FIELD = "{text}"
 CONTEXTS = ("system", "user", "bos", "none")
+KEEP = ("descriptor", "content", "all")  # which tokens of a text become bank slots
+# English function words: keep="content" drops them (and punctuation) from a descriptor's slots
+FUNCTION_WORDS = frozenset("""
+a an the and or but nor so yet if then than that this these those of to in on at by for with
+from about as into over after before under i me my mine myself you your we our us he him his
+she her it its they them their am is are was were be been being do does did have has had will
+would shall should can could may might must very too also just really
+""".split())  # (negations and "always" / "never" stay: they carry the descriptor's meaning)
 DEFAULT_TEMPLATES = (
     "{text}",
     "These are my internal principles: {text}",
@@ -201,8 +210,9 @@ class MemoryBank:
         :data:`DEFAULT_TEMPLATES`) is placed in ``context`` — the way the model reads text — and
         run through ``model``; at each layer the pre-RoPE keys and values of the kept positions
         are recorded. ``keep="descriptor"`` keeps the tokens that overlap the text itself,
-        ``keep="all"`` the whole wrapped text. The variants' slots are concatenated: ``M`` =
-        total kept tokens.
+        ``keep="content"`` only those of them that carry content (a letter or digit, and not
+        one of :data:`FUNCTION_WORDS`: punctuation and function words dropped), ``keep="all"``
+        the whole wrapped text. The variants' slots are concatenated: ``M`` = total kept tokens.
 
         Contexts (see :data:`CONTEXTS`): ``"system"`` (default) renders the wrapped text as the
         chat template's system message, so the slots are the keys and values a visible system
@@ -213,8 +223,8 @@ class MemoryBank:
         """
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"a bank needs a non-empty text, got {text!r}")
-        if keep not in ("descriptor", "all"):
-            raise ValueError(f"keep must be 'descriptor' or 'all', got {keep!r}")
+        if keep not in KEEP:
+            raise ValueError(f"keep must be one of {KEEP}, got {keep!r}")
         if context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
         if template is not None and templates is not None:
@@ -244,7 +254,8 @@ class MemoryBank:
             encoded = tokenizer(rendered, return_offsets_mapping=True, add_special_tokens=False)
             ids = encoded["input_ids"]
             kept = [i for i, (a, b) in enumerate(encoded["offset_mapping"])
-                    if i > 0 and b > a and a < end and b > start]
+                    if i > 0 and b > a and a < end and b > start
+                    and (keep != "content" or _carries_content(rendered, a, b))]
             if not kept:
                 raise ValueError(f"template {variant!r} kept no token of the text")
             k, v = capture_kv(model, torch.tensor([ids], device=device), layers)
@@ -263,6 +274,19 @@ class MemoryBank:
         return cls(name=name or role, role=role, keys=torch.cat(keys, dim=2),
                    values=torch.cat(values, dim=2), layers=layers, gain=gain,
                    provenance=provenance)
+
+
+def _carries_content(text: str, start: int, end: int) -> bool:
+    """The token ``text[start:end]`` has a letter or digit and is not a function word (a
+    subword of a longer word counts as content: its word is looked up whole)."""
+    piece = text[start:end]
+    if not any(c.isalnum() for c in piece):
+        return False
+    while start > 0 and text[start - 1].isalnum():
+        start -= 1
+    while end < len(text) and text[end].isalnum():
+        end += 1
+    return text[start:end].strip().lower() not in FUNCTION_WORDS
 
 
 def render_in_context(tokenizer, wrapped: str, context: str) -> tuple[str, int]:

@@ -5,18 +5,20 @@ context, as a visible system prompt would hold it), and steers through the autom
 frozen behavioural selector shipped for the persona in ``data/selectors/<direction>`` (rebuilt by
 ``hf-memory build-selector``), or one the user gives, or hand-picked layers. Answers a few
 prompts three ways and prints them side by side with the KV bytes each way of carrying the
-descriptor costs. Torch-dependent modules are imported inside the functions, so the CLI's
-``--help`` stays fast.
+descriptor costs and how much each way's answers repeat themselves (distinct-2, repeated
+4-grams: :mod:`~hf_memory.text_quality`). Torch-dependent modules are imported inside the
+functions, so the CLI's ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .calibration import TRAIT_DESCRIPTORS
+from .text_quality import repetition
 
 if TYPE_CHECKING:
     from .kv_accounting import KVFootprint
@@ -34,6 +36,7 @@ DEFAULT_PROMPTS = (
     "What are your plans for the weekend?",
 )
 DEFAULT_GAIN = 2.0  # bank gain when layers are hand-picked
+DEFAULT_COST_BUDGET = 0.1  # nats per token of neutral text (hf_memory.budget_search)
 
 
 def parse_layers(spec: str) -> list[int]:
@@ -85,18 +88,23 @@ def _as_path(traversable):
 
 
 def build_selector(model, tokenizer, direction: str, *, top_layers: int = 5,
-                   progress: bool = True):
+                   cost_budget: float | None = DEFAULT_COST_BUDGET, progress: bool = True):
     """Calibrate the behavioural selector for a Big Five ``direction`` on the shipped
-    calibration pairs, with the target bank built by :func:`persona_bank`."""
+    calibration pairs, with the target bank built by :func:`persona_bank`: by default the most
+    movement within ``cost_budget`` nats per token of neutral text, net of a neutral bank built
+    the same way (:mod:`hf_memory.budget_search`); ``cost_budget=None``: the unbudgeted search."""
     from .bank_set import BankSet
-    from .calibration import calibration_pairs, direction_parts
+    from .calibration import calibration_pairs, direction_parts, neutral_text
     from .selector import Selector
 
     _, _, target, _ = direction_parts(direction)
     banks = BankSet([persona_bank(model, tokenizer, target)], model=model)
+    control = (BankSet([persona_bank(model, tokenizer, neutral_text(), name="neutral")],
+                       model=model) if cost_budget is not None else None)
     pairs, drift = calibration_pairs(direction)
     selector = Selector.calibrate_behavioural(model, tokenizer, banks, pairs, drift_pairs=drift,
-                                              top_layers=top_layers, progress=progress)
+                                              top_layers=top_layers, cost_budget=cost_budget,
+                                              control_banks=control, progress=progress)
     selector.config.update(direction=direction, bank_recipe={**BANK_RECIPE, "text": target})
     return selector
 
@@ -113,13 +121,17 @@ def _automatic_selector(model, persona: str):
 
 @dataclass
 class DemoResult:
-    """Answers per method, the KV accounting of the descriptor and the steered sites."""
+    """Answers per method, the KV accounting of the descriptor, the steered sites, and per
+    method the repetition of its answers (:func:`~hf_memory.text_quality.repetition`)."""
 
     prompts: list[str]
     answers: dict[str, list[str]]
     footprint: KVFootprint
     seconds: dict[str, float]
     sites: dict[int, float]
+    quality: dict[str, dict[str, float]] = field(default_factory=dict)
+    strength: float = 1.0
+    units: dict[int, list[int]] | None = None
 
 
 def run_demo(
@@ -171,7 +183,10 @@ def run_demo(
         seconds[name] = time.perf_counter() - start
     descriptor_ids = tokenizer(persona, return_tensors="pt", add_special_tokens=False).input_ids
     footprint = kv_footprint(model, bank_set, descriptor_ids, layers=sorted(sites))
-    return DemoResult(prompts, answers, footprint, seconds, sites)
+    quality = {name: repetition(replies) for name, replies in answers.items() if replies}
+    return DemoResult(prompts, answers, footprint, seconds, sites, quality,
+                      strength=selector.strength if selector is not None else 1.0,
+                      units=dict(selector.units) if selector is not None else None)
 
 
 def format_demo(result: DemoResult) -> str:
@@ -183,7 +198,9 @@ def format_demo(result: DemoResult) -> str:
         "memory": f"memory (+{fp.bank_bytes / 1024:.0f} KiB bank at {fp.controlled_layers} layers)",
     }
     lines = ["steered sites (layer: gain): " + ", ".join(f"{layer}: {gain:g}"
-                                                          for layer, gain in result.sites.items())]
+                                                          for layer, gain in result.sites.items())
+             + f"; strength {result.strength:g}"
+             + (f"; units {result.units}" if result.units else "")]
     for i, prompt in enumerate(result.prompts):
         lines.append(f"\nUser: {prompt}")
         for method, label in labels.items():
@@ -193,6 +210,10 @@ def format_demo(result: DemoResult) -> str:
         f"layers = {fp.prompt_kv_bytes:,} bytes; bank {fp.bank_slots} slots x "
         f"{fp.controlled_layers} layers = {fp.bank_bytes:,} bytes; ratio {fp.actual_ratio:.1f}x "
         f"(idealised L*T/(L_ctrl*S) = {fp.idealised_ratio:.1f}x)")
+    if result.quality:
+        lines.append("repetition: " + "; ".join(
+            f"{k} distinct-2 {q['distinct_2']:.2f}, repeated 4-grams {q['repeated_4gram']:.2f}"
+            for k, q in result.quality.items()))
     lines.append("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()))
     return "\n".join(lines)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BankStack", "PreparedBank", "bank_mixture", "visible_keys"]
+__all__ = ["BankStack", "PreparedBank", "bank_mixture", "toward", "visible_keys"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,15 @@ class BankStack:
                    bias=bias, post_columns=post if post.any() else None,
                    column_bank=column_bank, gate=tuple(gate) if contrastive else None,
                    num_banks=len(banks))
+
+
+def toward(plain: torch.Tensor, mixed: torch.Tensor, strength: float) -> torch.Tensor:
+    """The strength dial: ``plain`` moved the fraction ``strength`` of the way to ``mixed`` (in
+    ``mixed``'s dtype; 1 returns ``mixed`` itself). Every runtime steers through this."""
+    if strength == 1.0:
+        return mixed
+    plain = plain.to(mixed.dtype)
+    return plain + strength * (mixed - plain)
 
 
 def visible_keys(

@@ -127,6 +127,8 @@ class Selector:
             reference_mass, prompt_mass, score.
         config: the calibration configuration (budgets, ξ, χ, aggregation, prompts' hash).
         fingerprint: the model the selector was calibrated on.
+        strength: the steering strength dial the sites run at (``steer``'s ``strength``; 1: the
+            full bank mixture); a cost-budgeted calibration sets it.
     """
 
     layers: list[int]
@@ -137,6 +139,7 @@ class Selector:
     diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] | None = None
+    strength: float = 1.0
 
     def check_model(self, model: nn.Module) -> None:
         """Raise if the selector was calibrated on a different model."""
@@ -331,8 +334,17 @@ class Selector:
         max_evaluations: int | None = None,
         batch_size: int = 16,
         progress: bool = True,
+        cost_budget: float | None = None,
+        cost_weight: float = 0.0,
+        cost: Any = None,
+        control_banks: BankSet | None = None,
+        strengths: Sequence[float] | None = None,
+        unit_search: bool = True,
     ) -> Selector:
-        """Select sites by the movement they cause (:mod:`hf_memory.site_search`).
+        """Select sites by the movement they cause (:mod:`hf_memory.site_search`), or, with a
+        ``cost_budget``, the most movement whose cost on neutral text stays within it
+        (:mod:`hf_memory.budget_search`: layers, then units, at the strongest dial setting the
+        budget allows, net of a neutral bank's movement at the same sites).
 
         Args:
             banks: any bank set (target only, contrastive, with auxiliaries): the search scores
@@ -349,6 +361,16 @@ class Selector:
                 lower confidence bound, so a site must move the pairs consistently.
             max_evaluations: scored configurations allowed (default: candidates + top_layers
                 + 2·len(gains)); each is one batch of forward passes over the pairs.
+            cost_budget: nats per token of neutral text a configuration may cost (None: no
+                budget, the unbudgeted search over ``gains``; ``DEFAULT_COST_BUDGET`` = 0.1).
+            cost_weight: weight of the cost in the score, in either search.
+            cost: the :class:`~hf_memory.steering_cost.NeutralCost` to measure (default: the
+                shipped neutral text, when a budget or a cost weight needs one).
+            control_banks: a neutral bank set built like ``banks`` (budgeted search): its
+                movement at the same sites and strength is subtracted from the target's.
+            strengths: the dial's grid (budgeted search; default ``DEFAULT_STRENGTHS``).
+            unit_search: after layers, remove units (KV groups of grouped-query models, else
+                query heads) while the score improves (budgeted search).
         """
         from .site_search import ShiftObjective, search_sites
 
@@ -361,11 +383,26 @@ class Selector:
         if missing or not candidates:
             raise ValueError(f"candidate layers {missing or candidates} are not covered by any "
                              "bank")
-        budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
-                  else max_evaluations)
+        if cost_budget is not None or cost_weight:
+            from .site_search import check_weight
+            from .steering_cost import NeutralCost
+
+            check_weight("cost_weight", cost_weight)
+            if cost_budget is not None:
+                check_weight("cost_budget", cost_budget)
+            cost = cost if cost is not None else NeutralCost(model, tokenizer,
+                                                             batch_size=batch_size)
         objective = ShiftObjective(model, tokenizer, pairs, dict(drift_pairs or {}),
                                    drift_weight=drift_weight,
-                                   uncertainty_weight=uncertainty_weight, batch_size=batch_size)
+                                   uncertainty_weight=uncertainty_weight, batch_size=batch_size,
+                                   cost=cost, cost_weight=cost_weight)
+        if cost_budget is not None:
+            return cls._budgeted(model, banks, pairs, drift_pairs, objective, candidates,
+                                 cost_budget=cost_budget, control_banks=control_banks,
+                                 strengths=strengths, unit_search=unit_search,
+                                 top_layers=top_layers, progress=progress)
+        budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
+                  else max_evaluations)
         best, history = search_sites(objective, banks, candidates, top_layers=top_layers,
                                      gains=gains, max_evaluations=budget, progress=progress)
         singles = {h.layers[0]: h for h in history[:len(candidates)]}
@@ -379,11 +416,56 @@ class Selector:
             candidate_layers=list(candidates), diagnostics=diagnostics,
             config={"objective": "behavioural", "top_layers": top_layers,
                     "gains": sorted(float(g) for g in gains), "drift_weight": drift_weight,
-                    "uncertainty_weight": uncertainty_weight,
+                    "uncertainty_weight": uncertainty_weight, "cost_weight": cost_weight,
                     "max_evaluations": budget, "evaluations": objective.evaluations,
                     "num_pairs": len(pairs), "drift_groups": sorted(drift_pairs or {}),
                     "pairs_sha256": pairs_digest(pairs, drift_pairs), "banks": banks.audit(),
                     "best": best.as_dict(), "history": [h.as_dict() for h in history]},
+            fingerprint=model_fingerprint(model))
+
+    @classmethod
+    def _budgeted(cls, model, banks, pairs, drift_pairs, objective, candidates, *, cost_budget,
+                  control_banks, strengths, unit_search, top_layers, progress) -> Selector:
+        """:meth:`calibrate_behavioural` under a cost budget."""
+        from .budget_search import DEFAULT_STRENGTHS, BudgetSearch
+
+        config = model.config
+        if control_banks is not None:
+            control_banks.check_model(model)
+        grouped = config.num_key_value_heads < config.num_attention_heads
+        unit_type = "kv_group" if grouped else "head"
+        search = BudgetSearch(
+            objective, banks, cost_budget, unit_type,
+            config.num_key_value_heads if grouped else config.num_attention_heads,
+            control=control_banks, strengths=strengths or DEFAULT_STRENGTHS)
+        best = search.run(candidates, top_layers=top_layers, unit_search=unit_search,
+                          progress=progress)
+        singles = {h.layers[0]: h for h in search.history[:len(candidates)]}
+        diagnostics = {name: torch.tensor([[float(getattr(singles[layer], name) or 0.0)]
+                                           for layer in candidates], dtype=torch.float32)
+                       for name in ("target", "target_se", "drift", "score", "cost",
+                                    "strength")}
+        units = {layer: list(u) for layer, u in best.units}
+        heads_per_unit = config.num_attention_heads // search.num_units
+        return cls(
+            layers=list(best.layers), units=units, unit_type=unit_type,
+            layer_gains=dict.fromkeys(best.layers, 1.0), candidate_layers=list(candidates),
+            diagnostics=diagnostics, strength=best.strength,
+            config={"objective": "behavioural_budgeted", "top_layers": top_layers,
+                    "cost_budget": cost_budget, "cost_weight": objective.cost_weight,
+                    "strengths": list(search.strengths), "unit_search": unit_search,
+                    "drift_weight": objective.drift_weight,
+                    "uncertainty_weight": objective.uncertainty_weight,
+                    "control": control_banks.audit() if control_banks is not None else None,
+                    "within_budget": best.strength > 0,
+                    "evaluations": objective.evaluations, "cost_probes": search.cost_probes,
+                    "steered_heads": sum(len(u) for u in units.values()) * heads_per_unit,
+                    "num_pairs": len(pairs), "drift_groups": sorted(drift_pairs or {}),
+                    "pairs_sha256": pairs_digest(pairs, drift_pairs), "banks": banks.audit(),
+                    "cost_texts": {"passages": len(objective.cost.passages),
+                                   "replies": len(objective.cost.replies),
+                                   "tokens": objective.cost.tokens},
+                    "best": best.as_dict(), "history": [h.as_dict() for h in search.history]},
             fingerprint=model_fingerprint(model))
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
@@ -395,8 +477,8 @@ class Selector:
             "layers": self.layers, "units": {str(k): v for k, v in self.units.items()},
             "unit_type": self.unit_type,
             "layer_gains": {str(k): v for k, v in self.layer_gains.items()},
-            "candidate_layers": self.candidate_layers, "config": self.config,
-            "fingerprint": self.fingerprint,
+            "candidate_layers": self.candidate_layers, "strength": self.strength,
+            "config": self.config, "fingerprint": self.fingerprint,
         }
         # one atomic file each; the statistics first, the record that steers last
         write_safetensors(directory / DIAGNOSTICS_NAME,
@@ -438,13 +520,20 @@ class Selector:
                 unit_type=record["unit_type"],
                 layer_gains={int(k): float(v) for k, v in record["layer_gains"].items()},
                 candidate_layers=list(record["candidate_layers"]), diagnostics=diagnostics,
-                config=record["config"], fingerprint=record["fingerprint"])
+                config=record["config"], fingerprint=record["fingerprint"],
+                strength=float(record.get("strength", 1.0)))
         except KeyError as error:
             raise SelectorFormatError(f"{directory / CONFIG_NAME} lacks {error}") from None
+        except (TypeError, ValueError) as error:
+            raise SelectorFormatError(f"{directory / CONFIG_NAME} holds a malformed entry: "
+                                      f"{error}") from None
         if sorted(selector.units) != selector.layers or sorted(selector.layer_gains) != (
                 selector.layers):
             raise SelectorFormatError(f"{directory / CONFIG_NAME}: layers, units and gains "
                                       "disagree")
+        if not 0.0 <= selector.strength <= 1.0:
+            raise SelectorFormatError(f"{directory / CONFIG_NAME}: strength must be in [0, 1], "
+                                      f"got {selector.strength}")
         if model is not None:
             selector.check_model(model)
         return selector
@@ -472,7 +561,17 @@ def _tokens_before(tokenizer, text: str, prompt: str) -> int:
 def _card(selector: Selector) -> str:
     config = selector.config
     model = (selector.fingerprint or {}).get("name_or_path") or "unspecified"
-    if config.get("objective") == "behavioural":
+    if config.get("objective") == "behavioural_budgeted":
+        best = config["best"]
+        how = (f"cost-budgeted behavioural search on `{model}` over "
+               f"{len(selector.candidate_layers)} candidate layers with {config['num_pairs']} "
+               f"calibration pairs: strength {selector.strength:g} within a budget of "
+               f"{config['cost_budget']:g} nats/token of neutral text (cost "
+               f"{best['cost']:+.3f}), calibration target shift net of a neutral bank "
+               f"{best['target']:+.2f}, drift {best['drift']:.2f}, "
+               f"{config['steered_heads']} query heads steered, {config['evaluations']} "
+               "configurations scored.")
+    elif config.get("objective") == "behavioural":
         best = config["best"]
         how = (f"behavioural search on `{model}` over {len(selector.candidate_layers)} candidate "
                f"layers with {config['num_pairs']} calibration pairs (drift groups "

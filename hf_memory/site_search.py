@@ -25,6 +25,7 @@ Search, with a fixed budget of scored configurations (each one batch of forward 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,14 +37,18 @@ from tqdm.auto import tqdm
 from .bank_set import BankSet
 from .likelihood import ContrastPair, _check_pairs, pair_margins
 from .methods import MemoryMethod, Method
+from .steering_cost import NeutralCost
 
-__all__ = ["ShiftObjective", "SiteScore", "best_strength", "search_sites", "summarize_shifts"]
+__all__ = ["ShiftObjective", "SiteScore", "best_strength", "check_weight", "search_sites",
+           "summarize_shifts"]
 
 
 @dataclass(frozen=True)
 class SiteScore:
     """One scored configuration: layers, gain ρ, target movement, drift, score, and the
-    standard error of the target movement."""
+    standard error of the target movement; a cost-budgeted search adds the strength dial, the
+    steered units, the cost (ΔNLL per token of neutral text) and the neutral bank's movement at
+    the same sites (``presence``; ``target`` is then net of it)."""
 
     layers: tuple[int, ...]
     gain: float
@@ -51,10 +56,22 @@ class SiteScore:
     drift: float
     score: float
     target_se: float = 0.0
+    strength: float = 1.0
+    cost: float | None = None
+    presence: float | None = None
+    units: tuple[tuple[int, tuple[int, ...]], ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"layers": list(self.layers), "gain": self.gain, "target": self.target,
-                "target_se": self.target_se, "drift": self.drift, "score": self.score}
+        record = {"layers": list(self.layers), "gain": self.gain, "target": self.target,
+                  "target_se": self.target_se, "drift": self.drift, "score": self.score}
+        if self.strength != 1.0 or self.cost is not None:
+            record["strength"] = self.strength
+        for name in ("cost", "presence"):
+            if getattr(self, name) is not None:
+                record[name] = getattr(self, name)
+        if self.units is not None:
+            record["units"] = {str(layer): list(units) for layer, units in self.units}
+        return record
 
 
 @dataclass
@@ -66,6 +83,10 @@ class ShiftObjective:
         drift_pairs: other dimensions' pairs by name; their absolute mean shifts are drift.
         drift_weight: weight of drift in the score.
         uncertainty_weight: weight of the target's standard error in the score (0: the mean).
+        cost: what a method costs on neutral text (:class:`~hf_memory.steering_cost.NeutralCost`;
+            None: not measured).
+        cost_weight: weight of the cost in the score (nats of target movement per nat per
+            token of neutral text; needs ``cost``).
     """
 
     model: nn.Module
@@ -75,10 +96,16 @@ class ShiftObjective:
     drift_weight: float = 1.0
     uncertainty_weight: float = 1.0
     batch_size: int = 16
+    cost: NeutralCost | None = None
+    cost_weight: float = 0.0
     evaluations: int = 0
 
     def __post_init__(self) -> None:
         _check_pairs(self.pairs)
+        for name in ("drift_weight", "uncertainty_weight", "cost_weight"):
+            check_weight(name, getattr(self, name))
+        if self.cost_weight and self.cost is None:
+            raise ValueError("cost_weight > 0 needs a cost (NeutralCost) to weigh")
         for name, group in self.drift_pairs.items():
             if not group:
                 raise ValueError(f"drift group {name!r} has no pairs")
@@ -94,18 +121,41 @@ class ShiftObjective:
         then drift groups."""
         return summarize_shifts(shift, self._bounds)
 
-    def score(self, target: float, se: float, drift: float) -> float:
-        return target - self.uncertainty_weight * se - self.drift_weight * drift
+    def score(self, target: float, se: float, drift: float, cost: float | None = None) -> float:
+        return (target - self.uncertainty_weight * se - self.drift_weight * drift
+                - self.cost_weight * (cost or 0.0))
 
-    def measure(self, method: Method) -> dict[str, float]:
+    def measure(self, method: Method, *, control: Method | None = None,
+                cost: float | None = None) -> dict[str, float]:
         """``target``, ``target_se``, ``drift`` and ``score`` of ``method`` against the plain
-        model."""
+        model; with a ``cost``, also ``cost`` (``cost`` given: already measured). With a
+        ``control`` (the same sites carrying a neutral bank), the target pairs' shifts are net
+        of the control's (``presence``: its mean), so what any bank does there cannot score."""
         self.evaluations += 1
         shift = pair_margins(self.model, self.tokenizer, self._all, method=method,
                              batch_size=self.batch_size) - self.plain
+        extra: dict[str, float] = {}
+        if control is not None:
+            count = len(self.pairs)
+            presence = pair_margins(self.model, self.tokenizer, self.pairs, method=control,
+                                    batch_size=self.batch_size) - self.plain[:count]
+            shift = torch.cat([shift[:count] - presence, shift[count:]])
+            extra["presence"] = float(presence.double().mean())
+        if cost is None and self.cost is not None:
+            cost = self.cost.measure(method)
+        if cost is not None:
+            extra["cost"] = cost
         target, se, drift = self.split(shift)
         return {"target": target, "target_se": se, "drift": drift,
-                "score": self.score(target, se, drift)}
+                "score": self.score(target, se, drift, cost), **extra}
+
+
+def check_weight(name: str, value: float) -> float:
+    """A score weight or budget: a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def summarize_shifts(shift: torch.Tensor, bounds: Sequence[int]) -> tuple[float, float, float]:
@@ -121,15 +171,27 @@ def summarize_shifts(shift: torch.Tensor, bounds: Sequence[int]) -> tuple[float,
 
 
 def best_strength(objective: ShiftObjective, make_method: Callable[[float], Method],
-                  strengths: Sequence[float]) -> tuple[float, list[dict[str, float]]]:
-    """The strength (e.g. a CAA scale) whose method scores best; and every strength's scores."""
+                  strengths: Sequence[float], *, cost_budget: float | None = None
+                  ) -> tuple[float, list[dict[str, float]]]:
+    """The strength (e.g. a CAA scale) whose method scores best; and every strength's scores.
+
+    With ``cost_budget`` (nats per token of neutral text; the objective needs a cost), only
+    strengths whose cost stays within it compete; if none does, the answer is 0 (no steering).
+    """
     if not strengths:
         raise ValueError("give at least one strength to try")
+    if cost_budget is not None:
+        check_weight("cost_budget", cost_budget)
+        if objective.cost is None:
+            raise ValueError("a cost budget needs an objective with a cost (NeutralCost)")
     rows = []
     for strength in strengths:
         rows.append({"strength": float(strength),
                      **objective.measure(make_method(float(strength)))})
-    best = max(rows, key=lambda r: (r["score"], -r["strength"]))
+    allowed = [r for r in rows if cost_budget is None or r["cost"] <= cost_budget]
+    if not allowed:
+        return 0.0, rows
+    best = max(allowed, key=lambda r: (r["score"], -r["strength"]))
     return best["strength"], rows
 
 

@@ -36,7 +36,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .adapters import get_adapter, head_dim
 from .bank_set import BankSet
 from .banks import MemoryBank
-from .mixture import BankStack, bank_mixture, visible_keys
+from .mixture import BankStack, bank_mixture, toward, visible_keys
 from .site_plan import plan_sites
 from .transformers_compat import cache_from_kwargs
 
@@ -74,9 +74,8 @@ def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState) -
     """Put the site's heads of ``mixed`` ``[B, H, T, D]`` into ``output`` ``[B, T, H, D]``: the
     mixture, or at strength s < 1 the plain output moved the fraction s of the way to it."""
     steered = mixed[:, site.heads]
-    if site.strength != 1.0:
-        plain = output[:, :, site.heads].transpose(1, 2).to(steered.dtype)
-        steered = plain + site.strength * (steered - plain)
+    if site.strength != 1.0:  # (the plain heads are only gathered when they are needed)
+        steered = toward(output[:, :, site.heads].transpose(1, 2), steered, site.strength)
     output[:, :, site.heads] = steered.transpose(1, 2).to(output.dtype)
 
 
@@ -268,8 +267,9 @@ class SteeringHandle(_CallSteering):
     Args:
         model: a stock ``*ForCausalLM`` of a supported family, attention ``sdpa`` or ``eager``.
         banks: a :class:`BankSet` or a sequence of :class:`MemoryBank` (may be empty).
-        selector: a frozen selector artifact (layers, units, unit type, layer gains); if given,
-            ``layers``, ``units``, ``unit_type`` and ``layer_gains`` must be left out.
+        selector: a frozen selector artifact (layers, units, unit type, layer gains and its
+            calibrated strength); if given, ``layers``, ``units``, ``unit_type`` and
+            ``layer_gains`` must be left out.
         layers: layers to steer (default: the keys of a ``units`` mapping, else every layer
             some bank covers).
         units: units to steer, the same at every layer, or a mapping layer → units
@@ -282,7 +282,8 @@ class SteeringHandle(_CallSteering):
         strength: the dial in [0, 1]: each steered head's output is the plain output moved this
             fraction of the way to the bank mixture (0: bit-identical to the plain model, 1: the
             full mixture, the default). Unlike the gain ρ, whose zero still gives the banks
-            attention mass, its zero removes them. :meth:`set_strength` turns it later.
+            attention mass, its zero removes them. :meth:`set_strength` turns it later. With a
+            selector, the dial scales the selector's own calibrated strength (1: as calibrated).
         active: activate the steering in the calling context now (default).
     """
 
@@ -304,6 +305,8 @@ class SteeringHandle(_CallSteering):
     ) -> None:
         self.model = model
         self.strength = check_strength(strength)
+        self._calibrated_strength = 1.0 if selector is None else check_strength(
+            getattr(selector, "strength", 1.0))
         self.adapter = get_adapter(model)
         config = model.config
         self._heads, self._kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -345,10 +348,15 @@ class SteeringHandle(_CallSteering):
             stack=plan.stack, all_heads=len(plan.heads) == self._heads,
             gamma=plan.gamma, size_normalize=plan.size_normalize,
             record_routing=self._record_routing, trace_only=self._trace_only,
-            strength=self.strength)
+            strength=self._site_strength)
             for layer, plan in plans.items()}
         self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
         self._publish(sites)
+
+    @property
+    def _site_strength(self) -> float:
+        """The strength every site runs at: the dial times the selector's calibrated one."""
+        return self.strength * self._calibrated_strength
 
     def _publish(self, sites: dict[int, SiteState]) -> None:
         by_module = {self.adapter.attention(self.model, layer): site
@@ -383,7 +391,7 @@ class SteeringHandle(_CallSteering):
         if self._removed:
             raise RuntimeError("this steering handle was removed")
         self.strength = check_strength(strength)
-        self._publish({layer: replace(site, strength=self.strength)
+        self._publish({layer: replace(site, strength=self._site_strength)
                        for layer, site in self._sites.items()})
         self._record("strength", strength=self.strength)
 

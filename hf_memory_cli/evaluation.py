@@ -264,11 +264,20 @@ def _eval(args: argparse.Namespace) -> None:
     elif args.task == "capability":
         from eval_harness.capability import CapabilityConfig, run_capability
 
-        config = CapabilityConfig(directions=args.directions, additions=args.additions,
-                                  passages=args.passages, num_bootstrap=args.bootstrap,
+        config = CapabilityConfig(directions=args.directions, additions=args.additions or 40,
+                                  passages=args.passages or 40, num_bootstrap=args.bootstrap,
                                   seed=args.seed, memory_gain_scales=args.memory_gains,
                                   selectors_dir=args.selectors or str(out / "selectors"))
         path = run_task("capability", lambda: run_capability(model, tokenizer, config),
+                        model=model, config=vars(config), seed=args.seed, out=out)
+    elif args.task == "tradeoff":
+        from eval_harness.tradeoff import TradeoffConfig, run_tradeoff
+
+        config = TradeoffConfig(directions=args.directions, additions=args.additions or 8,
+                                passages=args.passages or 20, num_bootstrap=args.bootstrap,
+                                seed=args.seed, max_delta_nll=args.max_delta_nll,
+                                selectors_dir=args.selectors)
+        path = run_task("tradeoff", lambda: run_tradeoff(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task == "persistence":
         from eval_harness.persistence import PersistenceConfig, run_persistence
@@ -379,15 +388,19 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      default=[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
                      metavar="B,B,...",
                      help="asm-refinement: scales of the orthogonal part to sweep")
-    run.add_argument("--additions", type=positive_int, default=40, metavar="N",
-                     help="capability: generated addition questions (default: 40; plus 30 "
-                          "capitals)")
+    run.add_argument("--additions", type=positive_int, metavar="N",
+                     help="capability / tradeoff: generated addition questions (default: 40 / "
+                          "8; plus 30 capitals)")
+    run.add_argument("--max-delta-nll", type=non_negative, default=0.1, metavar="NATS",
+                     help="tradeoff: the cost limit of the matched-cost table, ΔNLL per token "
+                          "of neutral text (default: 0.1)")
     run.add_argument("--memory-gains", type=_non_negative_floats, default=[1.0],
                      metavar="S,S,...",
                      help="capability: also score memory with its layer gains scaled by these "
                           "(1 = as calibrated; e.g. 1,0.5,0.25)")
-    run.add_argument("--passages", type=positive_int, default=40, metavar="N",
-                     help="capability: neutral KJV sentences scored (default: 40)")
+    run.add_argument("--passages", type=positive_int, metavar="N",
+                     help="capability / tradeoff: neutral KJV sentences scored (default: 40 / "
+                          "20)")
     run.add_argument("--lengths", type=_lengths, default=[0, 256, 1024, 2048],
                      metavar="N,N,...",
                      help="persistence: opposite-style history lengths in tokens (default: "

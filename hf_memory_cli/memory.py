@@ -6,6 +6,7 @@ import argparse
 import time
 
 from hf_memory.demo import (
+    DEFAULT_COST_BUDGET,
     DEFAULT_DIRECTION,
     DEFAULT_GAIN,
     DEFAULT_PERSONA,
@@ -57,12 +58,17 @@ def _build_selector(args: argparse.Namespace) -> None:
 
     model, tokenizer = load_default_model()
     start = time.perf_counter()
-    selector = build_selector(model, tokenizer, args.direction, top_layers=args.top_layers)
+    budget = None if args.no_budget else args.cost_budget
+    selector = build_selector(model, tokenizer, args.direction, top_layers=args.top_layers,
+                              cost_budget=budget)
     out = args.out or str(selectors_dir().joinpath(args.direction))
     selector.save_pretrained(out)
     best = selector.config["best"]
-    print(f"# {args.direction}: layers {selector.layers}, gain {best['gain']:g}, calibration "
-          f"target shift {best['target']:+.2f} nats, drift {best['drift']:.2f}; "
+    within = ("" if budget is None else f"strength {selector.strength:g} at cost "
+              f"{best['cost']:+.3f} nats/token (budget {budget:g}), ")
+    print(f"# {args.direction}: layers {selector.layers} ({selector.unit_type} units "
+          f"{selector.units}), gain {best['gain']:g}, {within}calibration target shift "
+          f"{best['target']:+.2f} nats, drift {best['drift']:.2f}; "
           f"{selector.config['evaluations']} configurations in "
           f"{time.perf_counter() - start:.0f} s; wrote {out}")
 
@@ -112,13 +118,20 @@ def add_memory_parsers(commands: argparse._SubParsersAction) -> None:
     demo.set_defaults(handler=_demo)
     build = commands.add_parser(
         "build-selector", help="calibrate the behavioural selector for a Big Five direction",
-        description="Search the sites (layers and gain) where the direction's descriptor bank "
-                    "moves the shipped calibration pairs towards the target and not the other "
-                    "traits, and save the frozen selector (default: the package's own copy, "
-                    "which hf-memory demo uses).")
+        description="Search the sites (layers, units and strength) where the direction's "
+                    "descriptor bank moves the shipped calibration pairs towards the target "
+                    "(net of a neutral bank) and not the other traits, within a cost budget on "
+                    "neutral text, and save the frozen selector (default: the package's own "
+                    "copy, which hf-memory demo uses).")
     build.add_argument("--direction", default=DEFAULT_DIRECTION, type=_direction,
                        help=f"e.g. N+ (anxious) or N- (calm) (default: {DEFAULT_DIRECTION})")
     build.add_argument("--top-layers", type=positive_int, default=5, metavar="M",
                        help="layer budget (default: 5)")
+    build.add_argument("--cost-budget", type=non_negative, default=DEFAULT_COST_BUDGET,
+                       metavar="NATS",
+                       help="the most a configuration may cost, in nats per token of neutral "
+                            f"text (default: {DEFAULT_COST_BUDGET})")
+    build.add_argument("--no-budget", action="store_true",
+                       help="the unbudgeted search (largest movement over the gain grid)")
     build.add_argument("--out", metavar="DIR", help="where to save (default: package data)")
     build.set_defaults(handler=_build_selector)

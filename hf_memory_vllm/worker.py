@@ -38,7 +38,7 @@ from hf_memory.fingerprint import (
     fingerprint_of,
     weights_digest,
 )
-from hf_memory.mixture import BankStack, bank_mixture, visible_keys
+from hf_memory.mixture import BankStack, bank_mixture, toward, visible_keys
 from hf_memory.site_plan import SitePlan, plan_sites
 
 from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest, bank_set_size
@@ -64,6 +64,7 @@ class _Site:
     stack: BankStack
     gamma: float
     size_normalize: bool
+    strength: float = 1.0
 
 
 @dataclass
@@ -223,12 +224,13 @@ class WorkerSteering:
                            device=parameter.device,
                            dtype=torch.promote_types(parameter.dtype, torch.float32),
                            **site_args)
-        sites = {layer: self._shard(plan) for layer, plan in plans.items()
-                 if plan.stack is not None}
+        strength = 1.0 if selector is None else selector.strength  # the selector's dial
+        sites = {layer: self._shard(plan, strength) for layer, plan in plans.items()
+                 if plan.stack is not None and strength > 0}
         self._plans[request.key] = sites
         return sites
 
-    def _shard(self, plan: SitePlan) -> _Site:
+    def _shard(self, plan: SitePlan, strength: float) -> _Site:
         """This rank's KV heads of the banks and its query heads, renumbered locally."""
         first_head = self.tp_rank * self.heads
         heads = [h - first_head for h in plan.heads if first_head <= h < first_head + self.heads]
@@ -236,7 +238,8 @@ class WorkerSteering:
         stack = dataclasses.replace(plan.stack, keys=plan.stack.keys[kv],
                                     values=plan.stack.values[kv])
         return _Site(heads=torch.tensor(heads, dtype=torch.long, device=stack.keys.device),
-                     stack=stack, gamma=plan.gamma, size_normalize=plan.size_normalize)
+                     stack=stack, gamma=plan.gamma, size_normalize=plan.size_normalize,
+                     strength=strength)
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -333,7 +336,9 @@ class WorkerSteering:
                                   shadow_v[slots][None], visible_keys(None, row1 - row0,
                                                                       len(slots), out.device),
                                   attention.scaling)
-            out[row0:row1, site.heads] = mixed[0, site.heads].transpose(0, 1).to(out.dtype)
+            steered = toward(out[row0:row1, site.heads],
+                             mixed[0, site.heads].transpose(0, 1), site.strength)
+            out[row0:row1, site.heads] = steered.to(out.dtype)
         for items in decoding.values():
             self._decode(items, pre, post, out, shadow_k, shadow_v, attention.scaling)
 
@@ -351,7 +356,9 @@ class WorkerSteering:
         mixed = self._mixture(site, pre[rows][:, :, None], post[rows][:, :, None],
                               shadow_k[padded], shadow_v[padded], visible.to(out.device),
                               scaling)
-        out[rows[:, None], site.heads] = mixed[:, site.heads, 0].to(out.dtype)
+        steered = toward(out[rows[:, None], site.heads], mixed[:, site.heads, 0],
+                         site.strength)
+        out[rows[:, None], site.heads] = steered.to(out.dtype)
 
     @staticmethod
     def _mixture(site: _Site, q_pre, q_post, keys, values, visible, scaling: float):

@@ -28,6 +28,7 @@ from eval_harness.dialogue_shift import (
 from eval_harness.runner import run_task, validate_results
 from hf_memory import BankSet, CAAVectors, Conversation, MemoryBank, Selector, steer
 from hf_memory.likelihood import reply_logprobs
+from hf_memory.text_quality import repetition
 from tests.tiny_models import tiny_model
 
 TURNS = [("My sister is moving abroad next month.", "That is a big change for both of you."),
@@ -311,9 +312,18 @@ def test_end_to_end_on_a_tiny_model_writes_valid_results_and_a_report(tiny, toke
     assert generation["judge"]["overall"] >= 0.9
     generated = results["cases"][0]["generated"]["memory"]
     assert len(generated["replies"]) == len(generated["align"]) == 8
+    for row in generation["overall"]:  # beside the judge: every written turn's repetition
+        replies = [r for c in results["cases"] for r in c["generated"][row["method"]]["replies"]]
+        assert row["repetition"] == repetition(replies) and row["repetition"]["replies"] == 8
     written = render_report(path, tmp_path / "report")
     assert {p.name for p in written} >= {"report.md", "dialogue_shift.png"}
-    assert "## Generation form" in (tmp_path / "report" / "report.md").read_text()
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Generation form" in report and "| distinct-2 | repeated 4-grams |" in report
+    memory = next(r for r in generation["overall"] if r["method"] == "memory")
+    section = report.split("## Generation form")[1]
+    line = next(x for x in section.splitlines() if x.startswith("| all | memory |"))
+    assert line.endswith(f"| {memory['repetition']['distinct_2']:.2f} | "
+                         f"{memory['repetition']['repeated_4gram']:.2f} |")
 
 
 @pytest.mark.slow

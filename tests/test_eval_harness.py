@@ -173,6 +173,33 @@ def test_affect_lexicon_judge_beats_the_hand_lists_on_the_labelled_pairs():
     assert worried["N"] > 3.0 > calm["N"] and calm["A"] > worried["A"]
 
 
+def test_bigfive_generation_records_and_reports_repetition(default_model, tmp_path):
+    from eval_harness.bigfive import BigFiveConfig
+    from eval_harness.bigfive_generation import run_bigfive_generation
+    from eval_harness.judges import LexiconJudge
+    from eval_harness.runner import run_task
+    from hf_memory.text_quality import repetition
+    from tests.tiny_models import tiny_model
+
+    tokenizer = default_model[1]
+    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=1024)
+    config = BigFiveConfig(methods=["plain", "prompt", "memory"], traits=["N"], limit=2,
+                           memory_layers=[1])
+    path = run_task("bigfive-gen", lambda: run_bigfive_generation(
+        model, tokenizer, config, judge=LexiconJudge(), max_new_tokens=6), model=model,
+        config=vars(config), seed=0, out=tmp_path)
+    results = json.loads(path.read_text())["results"]
+    for run in results["runs"]:
+        replies = [o["response"] for o in run["outputs"]]
+        assert run["repetition"] == repetition(replies) and run["repetition"]["replies"] == 2
+        assert results["repetition"][run["method"]] == run["repetition"]  # one target trait
+    report = render_report(path, tmp_path / "report")[0].read_text()
+    for run in results["runs"]:
+        q = run["repetition"]
+        assert (f"| {run['method']} | {run['target'] or '—'} | {run['coherence']:.2f} | "
+                f"{q['distinct_2']:.2f} | {q['repeated_4gram']:.2f} |") in report
+
+
 @pytest.mark.slow
 def test_bigfive_generation_smoke_run(tmp_path):
     assert cli.main(["eval", "bigfive-gen", "--limit", "2", "--traits", "N",
@@ -184,6 +211,7 @@ def test_bigfive_generation_smoke_run(tmp_path):
         ("plain", None), ("prompt", "N"), ("memory", "N")]
     for run in runs:
         assert len(run["outputs"]) == 2 and 1 <= run["coherence"] <= 5
+        assert 0 <= run["repetition"]["repeated_4gram"] <= 1
         assert all(o["response"] for o in run["outputs"])
     assert set(record["results"]["summary"]) == {"prompt", "memory"}
     assert "Judge `nrc-vader-v1`" in (tmp_path / "report.md").read_text()

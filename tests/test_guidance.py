@@ -17,6 +17,7 @@ from eval_harness.guidance import (
     validate_rule_judge,
 )
 from eval_harness.runner import run_task, validate_results
+from hf_memory.text_quality import repetition
 from tests.tiny_models import tiny_model
 
 
@@ -79,8 +80,17 @@ def test_end_to_end_on_a_tiny_model(default_model, tmp_path):
     assert set(rows) == {"plain", "prompt", "memory"} and rows["plain"]["shift"] == 0.0
     assert all(r["items"] == 33 for r in rows.values())
     assert len(record["results"]["generations"]["number_only/memory"]) == 33
+    for method, row in rows.items():  # beside the judge: the replies' repetition
+        replies = record["results"]["generations"][f"number_only/{method}"]
+        assert row["repetition"] == repetition(replies) and row["repetition"]["replies"] == 33
     written = render_report(path, tmp_path / "report")
     assert {p.name for p in written} == {"report.md", "guidance.png"}
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| distinct-2 | repeated 4-grams |" in report
+    for method, row in rows.items():
+        line = next(x for x in report.splitlines() if x.startswith(f"| number_only | {method} |"))
+        q = row["repetition"]
+        assert line.endswith(f"| {q['distinct_2']:.2f} | {q['repeated_4gram']:.2f} |")
 
 
 def test_pair_log_probabilities_give_the_likelihood_probe_margins(default_model):

@@ -14,6 +14,7 @@ from eval_harness.heuristic_cards import (
     load_problems,
     run_heuristic_cards,
 )
+from hf_memory.text_quality import repetition
 from tests.tiny_models import tiny_model
 
 
@@ -74,6 +75,11 @@ def test_the_three_methods_run_and_are_graded(default_model):
     assert all(set(v) == {"plain", "prompt", "memory"} for v in result["scores"].values())
     assert len(result["rows"]) == 6 and all(r["points"] in (0.0, 0.5, 1.0)
                                             for r in result["rows"])
+    for category, methods in result["repetition"].items():  # beside the grade
+        assert set(methods) == {"plain", "prompt", "memory"}
+        for method, quality in methods.items():
+            assert quality == repetition([r["reply"] for r in result["rows"]
+                                          if (r["category"], r["method"]) == (category, method)])
     with pytest.raises(ValueError, match="no card for the categories \\['topology'\\]"):
         run_heuristic_cards(model, tokenizer, [{**problems[0], "category": "topology"}],
                             CARDS["hardmath"], layers=[1])

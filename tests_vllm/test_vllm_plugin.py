@@ -32,7 +32,7 @@ from vllm import LLM, SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 
-from hf_memory import BankSet, MemoryBank
+from hf_memory import BankSet, MemoryBank, Selector
 from hf_memory.adapters import UnsupportedModelError
 from hf_memory_vllm import REGISTRY_ENV, cache_salt, steering_args, write_registry
 
@@ -145,8 +145,14 @@ def tiny(request, tmp_path_factory):
                           model=model)
     target.save_pretrained(root / "target")
     contrastive.save_pretrained(root / "contrastive")
+    # a selector at part strength (the dial a cost-budgeted calibration freezes), one KV group
+    # at layer 0 and both at layer 2
+    Selector(layers=[0, 2], units={0: [1], 2: [0, 1]}, unit_type="kv_group",
+             layer_gains={0: 1.0, 2: 1.0}, candidate_layers=[0, 1, 2],
+             strength=0.5).save_pretrained(root / "half")
     registry = write_registry(root / "registry.json", model,
-                              {"target": root / "target", "contrastive": root / "contrastive"})
+                              {"target": root / "target", "contrastive": root / "contrastive"},
+                              selectors={"half": root / "half"})
     return model, root, registry, {"target": target, "contrastive": contrastive}
 
 
@@ -158,22 +164,31 @@ def tiny_prompts() -> list[list[int]]:
 def test_tiny_models_steered_unsteered_and_mixed_match_transformers(tiny):
     model, root, registry, bank_sets = tiny
     prompts = tiny_prompts()
-    cases = [(None, None), ("target", None), ("contrastive", None), ("contrastive", 0.5)]
+    cases = [(None, None), ("target", None), ("contrastive", None), ("contrastive", 0.5),
+             ("target", "half")]
     expected = {}
     for name, scale in cases:
         for i, prompt in enumerate(prompts):
             steering = None
-            if name is not None:
+            if scale == "half":
+                steering = {"banks": bank_sets[name],
+                            "selector": Selector.from_pretrained(root / "half")}
+            elif name is not None:
                 gains = None if scale is None else {layer: scale for layer in range(3)}
                 steering = {"banks": bank_sets[name], "layer_gains": gains}
             expected[name, scale, i] = hf_greedy(model, prompt, steering)
     assert expected["target", None, 1][0] != expected[None, None, 1][0]  # the banks steer
+    # ...and the half-strength selector is neither the plain model nor the full mixture
+    assert expected["target", "half", 1][1] not in (expected[None, None, 1][1],
+                                                    expected["target", None, 1][1])
     # chunked prefill: 16-token chunks split the 45- and 120-token prompts over several steps
     with engine(root / "model", registry, skip_tokenizer_init=True,
                 max_num_batched_tokens=16, max_num_seqs=16) as llm:
         batch = [(key, prompts[key[2]]) for key in expected]  # every case in one batch
         served = vllm_greedy(llm, [prompt for _, prompt in batch],
-                             [None if name is None else steering_args(name, scale=scale)
+                             [None if name is None
+                              else steering_args(name, selector=scale) if scale == "half"
+                              else steering_args(name, scale=scale)
                               for (name, scale, _), _ in batch])
         for (key, _), result in zip(batch, served, strict=True):
             assert_same(expected[key], result)
@@ -199,7 +214,6 @@ def test_a_compiled_engine_is_refused_at_start(embedded):
 
 def test_embedded_model_matches_steer_in_a_mixed_batch(embedded):
     from hf_memory import BankSet as Banks
-    from hf_memory import Selector
 
     model, tokenizer, model_dir, registry, root = embedded
     long_text = " ".join(["Tell me what you expect from the exam next week."] * 12)

@@ -1,0 +1,311 @@
+"""Steering that keeps the model intact: the cost on neutral text, the budget rule, the budgeted
+layer-and-unit search and a selector's calibrated strength (hand-computed cases, a tiny model
+with the embedded model's tokenizer, bad input)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_memory import BankSet, MemoryMethod, PromptMethod, Selector, steer
+from hf_memory.budget_search import BudgetSearch
+from hf_memory.chat import chat_messages
+from hf_memory.likelihood import log_probabilities
+from hf_memory.site_search import ShiftObjective, best_strength
+from hf_memory.steering_cost import NeutralCost, cost_texts
+from tests.test_memory_inception import random_bank
+from tests.tiny_models import tiny_model
+
+PASSAGES = ["The sky is blue today.", "Seven plus five is twelve."]
+PAIRS = [("How are you?", "I worry a lot.", "I am calm."),
+         ("Any plans?", "I fear the worst.", "I will relax.")]
+
+
+@pytest.fixture(scope="module")
+def chat_tiny(default_model):
+    """A tiny random llama that reads the embedded model's tokenizer (its vocabulary)."""
+    _, tokenizer = default_model
+    return tiny_model("llama", vocab_size=len(tokenizer)), tokenizer
+
+
+def banks(seed=1):
+    return BankSet([random_bank("t", "target", 4, seed=seed)])
+
+
+def reply_nll(model, tokenizer, request, reply):
+    """Summed NLL of ``reply`` as the assistant's answer, from one unpadded full pass."""
+    head = tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True,
+                                         tokenize=False)
+    head_ids = tokenizer(head, add_special_tokens=False).input_ids
+    reply_ids = tokenizer(reply, add_special_tokens=False).input_ids
+    ids = torch.tensor([head_ids + reply_ids])
+    with torch.no_grad():
+        logprobs = log_probabilities(model(input_ids=ids).logits)[0]
+    n = len(reply_ids)
+    picked = logprobs[len(head_ids) - 1:-1].gather(-1, ids[0, -n:, None])
+    return -float(picked.sum()), n
+
+
+def test_cost_is_the_per_token_nll_change_of_the_passages(chat_tiny):
+    model, tokenizer = chat_tiny
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    request = cost_texts()["request"]
+    assert cost.request == request and cost.replies == []
+    plain = [reply_nll(model, tokenizer, request, p) for p in PASSAGES]
+    with steer(model, banks(), layers=[0, 2]):
+        steered = [reply_nll(model, tokenizer, request, p) for p in PASSAGES]
+    tokens = sum(n for _, n in plain)
+    expected = (sum(s for s, _ in steered) - sum(s for s, _ in plain)) / tokens
+    assert cost.tokens == tokens
+    assert cost.measure(MemoryMethod(banks(), layers=[0, 2])) == pytest.approx(expected,
+                                                                               abs=1e-9)
+    assert expected != 0.0
+    # the dial's zero is the plain model bit for bit: no cost at all
+    assert cost.measure(MemoryMethod(banks(), layers=[0, 2], strength=0.0)) == 0.0
+    assert cost.evaluations == 2
+
+
+def test_cost_scores_the_plain_models_own_replies_under_the_methods_messages(chat_tiny):
+    model, tokenizer = chat_tiny
+    cost = NeutralCost(model, tokenizer, prompts=["Name a fruit.", "Count to three."],
+                       max_new_tokens=6)
+    assert cost.passages == [] and 1 <= len(cost.replies) <= 2
+    assert cost.measure(MemoryMethod(banks(), layers=[1], strength=0.0)) == 0.0
+    # a visible prompt changes the conversation each reply is scored in
+    prompt = PromptMethod("Be brief.", placement="prepend")
+    items = cost.items
+    assert [r for _, r in items] == cost.replies
+    plain = sum(reply_nll(model, tokenizer, p, r)[0] for p, r in items)
+    prompted = sum(reply_nll(model, tokenizer, f"Be brief.\n\n{p}", r)[0] for p, r in items)
+    # left padding moves the rows' absolute positions, whose rotary angles the model computes
+    # in float32: agreement to 1e-7 nats per token, not to float64 rounding
+    assert cost.measure(prompt) == pytest.approx((prompted - plain) / cost.tokens, abs=1e-7)
+
+
+def test_bad_neutral_text_is_one_clear_error(chat_tiny):
+    model, tokenizer = chat_tiny
+    with pytest.raises(ValueError, match="needs neutral text"):
+        NeutralCost(model, tokenizer, passages=[], prompts=[])
+    with pytest.raises(ValueError, match="non-empty strings"):
+        NeutralCost(model, tokenizer, passages=["ok", "  "])
+    with pytest.raises(ValueError, match="non-empty strings"):
+        NeutralCost(model, tokenizer, passages="one string")
+
+
+def test_cost_weight_enters_the_score_and_bad_weights_are_refused(chat_tiny):
+    model, tokenizer = chat_tiny
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    objective = ShiftObjective(model, tokenizer, PAIRS, cost=cost, cost_weight=2.0)
+    method = MemoryMethod(banks(), layers=[0, 2])
+    row = objective.measure(method)
+    assert row["cost"] == pytest.approx(cost.measure(method), abs=1e-12)
+    assert row["score"] == pytest.approx(row["target"] - row["target_se"] - 2.0 * row["cost"])
+    # a control at the same sites: the target is net of its movement, pair by pair
+    control = MemoryMethod(banks(seed=5), layers=[0, 2])
+    raw = objective.measure(method)["target"]
+    presence = objective.measure(control)["target"]
+    netted = objective.measure(method, control=control, cost=0.0)
+    assert netted["presence"] == pytest.approx(presence, abs=1e-9)
+    assert netted["target"] == pytest.approx(raw - presence, abs=1e-9)
+    assert netted["cost"] == 0.0
+    for name, value in (("cost_weight", -1.0), ("drift_weight", float("nan")),
+                        ("uncertainty_weight", -0.5)):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number >= 0"):
+            ShiftObjective(model, tokenizer, PAIRS, cost=cost, **{name: value})
+    with pytest.raises(ValueError, match="needs a cost"):
+        ShiftObjective(model, tokenizer, PAIRS, cost_weight=1.0)
+
+
+class TableCost:
+    """cost = strength² · Σ over steered layers of c[layer] · (steered units / all units)."""
+
+    def __init__(self, per_layer, units=2):
+        self.per_layer, self.units, self.calls = per_layer, units, 0
+
+    def measure(self, method):
+        self.calls += 1
+        steering = method.steering
+        return steering["strength"] ** 2 * sum(
+            self.per_layer[layer] * len(units) / self.units
+            for layer, units in steering["units"].items())
+
+
+class TableObjective:
+    """target = strength · Σ t[layer][unit] over steered units, minus the same sum of the
+    control's table (presence); drift and se 0; score = target − cost."""
+
+    def __init__(self, target, presence, cost):
+        self.table, self.presence_table, self.cost = target, presence, cost
+        self.calls = []
+
+    def movement(self, table, method):
+        steering = method.steering
+        return steering["strength"] * sum(table[layer][u]
+                                          for layer, units in steering["units"].items()
+                                          for u in units)
+
+    def measure(self, method, *, control=None, cost=None):
+        assert control is not None and control.steering == method.steering
+        self.calls.append((dict(method.steering["units"]), method.steering["strength"]))
+        presence = self.movement(self.presence_table, control)
+        target = self.movement(self.table, method) - presence
+        return {"target": target, "target_se": 0.0, "drift": 0.0, "presence": presence,
+                "cost": cost, "score": target - cost}
+
+
+def test_budgeted_search_by_hand():
+    # layer 0 breaks the model (any strength costs too much) and moves it most; layer 1 is
+    # cheap; layer 2 moves the target but the neutral bank moves it as much (presence)
+    cost = TableCost({0: 40.0, 1: 0.08, 2: 0.2})
+    objective = TableObjective(target={0: [9.0, 9.0], 1: [1.0, -0.2], 2: [2.0, 2.0]},
+                               presence={0: [0.0, 0.0], 1: [0.0, 0.0], 2: [2.0, 2.0]},
+                               cost=cost)
+    control = BankSet([random_bank("n", "target", 2, seed=9)])
+    search = BudgetSearch(objective, banks(), 0.1, "kv_group", 2, control=control,
+                          strengths=[0.25, 0.5, 1.0])
+    best = search.run([0, 1, 2], top_layers=2, progress=False)
+    singles = search.history[:3]
+    # layer 0: even 0.25 costs 2.5 > 0.1 -> plain, score exactly 0, never measured
+    assert (singles[0].strength, singles[0].score, singles[0].cost) == (0.0, 0.0, 0.0)
+    # layer 1 fits at 1.0 (0.08): 0.8 − 0.08; layer 2 at 0.5 (0.05): net 0 − 0.05
+    assert singles[1].strength == 1.0 and singles[1].score == pytest.approx(0.72)
+    assert singles[2].strength == 0.5 and singles[2].score == pytest.approx(-0.05)
+    assert singles[2].presence == pytest.approx(2.0)
+    # greedy in single order 1, 0, 2: adding 0 prices it out (0.25 costs 2.5) -> 0; adding 2
+    # fits at 0.5: 0.5·4.8 − 2.0 − 0.07 = 0.33 < 0.72. Units: dropping layer 1's first group
+    # leaves −0.2; dropping its second (−0.2) moves +1.0 at 0.04 -> 0.96
+    assert dict(best.units) == {1: (0,)} and best.strength == 1.0
+    assert best.score == pytest.approx(1.0 - 0.04) and best.cost <= 0.1
+    # no configuration of the history is over budget
+    assert all(h.cost <= 0.1 for h in search.history)
+    assert len(search.history) == 7
+    # bisection over three grid points: two cost probes per configuration
+    assert search.cost_probes == 14
+
+
+def test_budget_rule_and_bad_budgets():
+    cost = TableCost({0: 1.0})
+    objective = TableObjective({0: [1.0, 1.0]}, {0: [0.0, 0.0]}, cost)
+    with pytest.raises(ValueError, match="cost_budget must be a finite number >= 0"):
+        BudgetSearch(objective, banks(), -0.1, "head", 2)
+    with pytest.raises(ValueError, match="strengths must be in"):
+        BudgetSearch(objective, banks(), 0.1, "head", 2, strengths=[0.0, 0.5])
+    objective.cost = None
+    with pytest.raises(ValueError, match="needs an objective with a cost"):
+        BudgetSearch(objective, banks(), 0.1, "head", 2)
+
+    class ScaleObjective:
+        cost = object()
+
+        def measure(self, scale):
+            return {"target": scale, "target_se": 0.0, "drift": 0.0, "score": scale,
+                    "cost": scale / 10}
+
+    # CAA's scale under the same rule: the best score among scales within budget
+    scale, rows = best_strength(ScaleObjective(), lambda s: s, [1.0, 2.0, 4.0],
+                                cost_budget=0.25)
+    assert scale == 2.0 and len(rows) == 3
+    assert best_strength(ScaleObjective(), lambda s: s, [4.0], cost_budget=0.25)[0] == 0.0
+    assert best_strength(ScaleObjective(), lambda s: s, [4.0])[0] == 4.0
+    with pytest.raises(ValueError, match="cost_budget"):
+        best_strength(ScaleObjective(), lambda s: s, [1.0], cost_budget=-1.0)
+
+
+def test_budgeted_selector_on_a_tiny_model_is_within_budget_and_reproduces(chat_tiny, tmp_path):
+    model, tokenizer = chat_tiny
+    target = BankSet([random_bank("t", "target", 4, seed=1)])
+    neutral = BankSet([random_bank("n", "target", 4, seed=2)])
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    # orient the pairs so that layer 0 at the weakest strength moves them (net of the neutral
+    # bank), and set the budget just above its cost: a configuration worth steering fits
+    weakest = dict(layers=[0], strength=0.25)
+    objective = ShiftObjective(model, tokenizer, PAIRS, uncertainty_weight=0.0)
+    net = objective.measure(MemoryMethod(target, **weakest),
+                            control=MemoryMethod(neutral, **weakest))["target"]
+    pairs = PAIRS if net > 0 else [(p, b, a) for p, a, b in PAIRS]
+    budget = abs(cost.measure(MemoryMethod(target, **weakest))) + 1e-3
+    selector = Selector.calibrate_behavioural(
+        model, tokenizer, target, pairs, cost_budget=budget, cost=cost, control_banks=neutral,
+        top_layers=2, strengths=[0.25, 0.5, 0.75, 1.0], uncertainty_weight=0.0, progress=False)
+    best = selector.config["best"]
+    assert selector.unit_type == "kv_group" and selector.config["within_budget"]
+    assert 0 < selector.strength <= 1 and best["cost"] <= budget
+    assert all(h["cost"] <= budget for h in selector.config["history"])
+    # the frozen selector, applied by steer(), costs exactly what the search measured
+    assert cost.measure(MemoryMethod(target, selector)) == pytest.approx(best["cost"],
+                                                                         abs=1e-12)
+    loaded = Selector.from_pretrained(selector.save_pretrained(tmp_path / "s"), model=model)
+    assert loaded.strength == selector.strength and loaded.units == selector.units
+    assert "cost-budgeted" in (tmp_path / "s" / "README.md").read_text()
+    with pytest.raises(ValueError, match="cost_budget must be a finite number >= 0"):
+        Selector.calibrate_behavioural(model, tokenizer, target, PAIRS, cost_budget=-1.0,
+                                       cost=cost, progress=False)
+    with pytest.raises(ValueError, match="cost_weight must be a finite number >= 0"):
+        Selector.calibrate_behavioural(model, tokenizer, target, PAIRS, cost_weight=-2.0,
+                                       cost=cost, progress=False)
+
+
+def test_a_selectors_strength_is_the_dial_it_steers_at():
+    model = tiny_model("qwen2")
+    ids = torch.randint(1, 97, (2, 7), generator=torch.Generator().manual_seed(3))
+    selector = Selector(layers=[0, 2], units={0: [0], 2: [0, 1]}, unit_type="kv_group",
+                        layer_gains={0: 1.0, 2: 1.0}, candidate_layers=[0, 1, 2], strength=0.5)
+    sites = dict(layers=[0, 2], units={0: [0], 2: [0, 1]}, unit_type="kv_group")
+    with steer(model, banks(), **sites, strength=0.5):
+        half = model(ids).logits
+    with steer(model, banks(), selector=selector):
+        assert torch.equal(model(ids).logits, half)
+    # the caller's dial scales the calibrated one
+    with steer(model, banks(), **sites, strength=0.25):
+        quarter = model(ids).logits
+    with steer(model, banks(), selector=selector, strength=0.5):
+        assert torch.equal(model(ids).logits, quarter)
+    plain = model(ids).logits
+    selector.strength = 0.0
+    with steer(model, banks(), selector=selector):
+        assert torch.equal(model(ids).logits, plain)
+
+
+def test_a_saved_selector_with_a_bad_strength_is_refused(tmp_path):
+    import json
+
+    from hf_memory.selector import SelectorFormatError
+
+    selector = Selector(layers=[1], units={1: [0]}, unit_type="head", layer_gains={1: 1.0},
+                        candidate_layers=[1], strength=0.5)
+    path = selector.save_pretrained(tmp_path / "s")
+    assert Selector.from_pretrained(path).strength == 0.5
+    record = json.loads((path / "selector.json").read_text())
+    for bad in (1.5, "strong"):
+        record["strength"] = bad
+        (path / "selector.json").write_text(json.dumps(record))
+        with pytest.raises(SelectorFormatError, match="strength|malformed"):
+            Selector.from_pretrained(path)
+    del record["strength"]  # selectors saved before the dial existed run at full strength
+    (path / "selector.json").write_text(json.dumps(record))
+    assert Selector.from_pretrained(path).strength == 1.0
+
+
+def test_content_slots_are_the_descriptor_slots_without_function_words(chat_tiny):
+    from hf_memory import MemoryBank
+    from hf_memory.banks import FUNCTION_WORDS
+
+    model, tokenizer = chat_tiny
+    text = "I am extremely anxious, and I never feel calm."
+    whole, content = (MemoryBank.from_text(model, tokenizer, text, template="{text}", keep=keep)
+                      for keep in ("descriptor", "content"))
+    (full,), (pruned,) = ([v["kept_positions"] for v in b.provenance["variants"]]
+                          for b in (whole, content))
+    assert set(pruned) < set(full)
+    ids = whole.provenance["variants"][0]["token_ids"]
+    dropped = [tokenizer.decode([ids[i]]).strip().lower() for i in full if i not in pruned]
+    kept = [tokenizer.decode([ids[i]]).strip().lower() for i in pruned]
+    assert dropped and all(w in FUNCTION_WORDS or not any(c.isalnum() for c in w)
+                           for w in dropped)
+    assert "never" in kept and "anxious" in "".join(kept)
+    # the same forward pass: the content slots are the descriptor's slots at those positions
+    rows = [full.index(i) for i in pruned]
+    assert torch.equal(content.keys, whole.keys[:, :, rows])
+    assert torch.equal(content.values, whole.values[:, :, rows])
+    with pytest.raises(ValueError, match="keep must be one of"):
+        MemoryBank.from_text(model, tokenizer, text, keep="nouns")
