@@ -3,8 +3,9 @@ which method steers furthest at a matched cost.
 
 For each Big Five direction, three methods are traced over their strength: memory inception at
 the direction's behavioural selector's sites (the shipped or saved one for the trait-steering
-recipe) over the strength dial, CAA (layer 10, the trait-steering vectors) over its scales, and
-the visible prompt (one point). Every point is scored against the plain model on held-out data
+recipe, calibrated within ``cost_budget``) over the strength dial and at the selector's own
+strength, CAA (layer 10, the trait-steering vectors) over its scales, and the visible prompt
+(one point). Every point is scored against the plain model on held-out data
 only:
 
 - **trait shift**: mean margin shift on the direction's held-out likelihood pairs
@@ -39,7 +40,7 @@ from .capability import _neutral_nll, capability_questions, score_questions
 from .intervals import mean_interval
 from .names import DIRECTIONS, check_positive_ints, checked_directions
 
-__all__ = ["TradeoffConfig", "matched", "run_tradeoff"]
+__all__ = ["TradeoffConfig", "matched", "run_tradeoff", "summarize"]
 
 METHOD_FAMILIES = ("memory", "caa", "prompt")
 
@@ -49,12 +50,13 @@ class TradeoffConfig:
     """Knobs of the task (recorded in the results)."""
 
     directions: Sequence[str] = DIRECTIONS
-    memory_strengths: Sequence[float] = (0.25, 0.5, 0.75, 1.0)
+    memory_strengths: Sequence[float] = (0.5, 1.0)
     caa_scales: Sequence[float] = (0.5, 1.0, 2.0, 4.0, 8.0)
     max_delta_nll: float = 0.1
     min_retention: float = 0.9
-    additions: int = 8
-    passages: int = 20
+    cost_budget: float | None = 0.1
+    additions: int = 4
+    passages: int = 16
     batch_size: int = 16
     num_bootstrap: int = 1000
     seed: int = 0
@@ -72,6 +74,10 @@ class TradeoffConfig:
         if not (math.isfinite(self.max_delta_nll) and self.max_delta_nll >= 0):
             raise ValueError(f"max_delta_nll must be a finite number >= 0, got "
                              f"{self.max_delta_nll!r}")
+        if self.cost_budget is not None and not (math.isfinite(self.cost_budget)
+                                                 and self.cost_budget >= 0):
+            raise ValueError(f"cost_budget must be a finite number >= 0, got "
+                             f"{self.cost_budget!r}")
         if not 0 <= self.min_retention <= 1:
             raise ValueError(f"min_retention must be in [0, 1], got {self.min_retention!r}")
         self.memory_strengths, self.caa_scales = sorted(set(strengths)), sorted(set(scales))
@@ -86,6 +92,21 @@ def matched(points: Sequence[dict[str, Any]], family: str, key: str,
     return max(within, key=lambda p: (p["trait_shift"], -p["delta_nll"]), default=None)
 
 
+def summarize(directions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per cost limit: in how many directions memory's matched-cost shift is ahead of CAA's and
+    of the prompt's, and each method's mean matched-cost shift."""
+    summary = {}
+    for key in ("delta_nll", "retention"):
+        rows = [d["matched"][key] for d in directions]
+        summary[key] = {"memory_ahead_of_caa": sum(r["memory_minus_caa"] > 0 for r in rows),
+                        "memory_ahead_of_prompt": sum(r["memory_minus_prompt"] > 0
+                                                      for r in rows),
+                        "directions": len(rows),
+                        "mean_shift": {f: float(np.mean([r["shift"][f] for r in rows]))
+                                       for f in METHOD_FAMILIES}}
+    return summary
+
+
 def _methods(model, tokenizer, direction: str, config: TradeoffConfig
              ) -> tuple[dict[str, tuple[str, float, Method]], dict[str, Any]]:
     """Every point's method: name → (family, strength, method); and the sites used."""
@@ -98,7 +119,8 @@ def _methods(model, tokenizer, direction: str, config: TradeoffConfig
     )
 
     steering = TraitSteeringConfig(directions=[direction], batch_size=config.batch_size,
-                                   selectors_dir=config.selectors_dir, seed=config.seed)
+                                   selectors_dir=config.selectors_dir, seed=config.seed,
+                                   cost_budget=config.cost_budget)
     _, _, target, reference = direction_parts(direction)
     pairs, drift = calibration_pairs(direction, steering.calibration_pairs,
                                      steering.drift_pairs)
@@ -179,16 +201,8 @@ def run_tradeoff(model, tokenizer, config: TradeoffConfig) -> dict[str, Any]:
             at[key] = row
         directions.append({"direction": direction, "sites": sites, "points": points,
                            "pairs": len(trait_pairs), "matched": at})
-    summary = {}
-    for key in ("delta_nll", "retention"):
-        rows = [d["matched"][key] for d in directions]
-        summary[key] = {"memory_ahead_of_caa": sum(r["memory_minus_caa"] > 0 for r in rows),
-                        "memory_ahead_of_prompt": sum(r["memory_minus_prompt"] > 0
-                                                      for r in rows),
-                        "directions": len(rows),
-                        "mean_shift": {f: float(np.mean([r["shift"][f] for r in rows]))
-                                       for f in METHOD_FAMILIES}}
-    return {"directions": directions, "summary": summary, "config": asdict(config),
+    return {"directions": directions, "summary": summarize(directions),
+            "config": asdict(config),
             "questions": {"generated": len(questions), "kept": len(kept)},
             "neutral": {"sentences": len(sentences), "tokens": int(counts.sum()),
                         "plain_nll_per_token": float(plain_nll.sum() / counts.sum()),

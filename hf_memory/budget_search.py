@@ -18,7 +18,7 @@ movement the budget buys (movement grows with the strength on every measured cur
 wants less turns ``steer(..., strength=)`` down from there). Stages, each keeping a change only
 when the score improves:
 
-1. every candidate layer alone (all units);
+1. every candidate layer alone (all units; or every k-th with ``layer_stride``);
 2. greedy addition of layers in stage 1's order, up to ``top_layers``;
 3. greedy removal of units (KV groups of grouped-query models, else query heads) one at a time.
 """
@@ -112,9 +112,13 @@ class BudgetSearch:
         return result
 
     def run(self, candidates: Sequence[int], *, top_layers: int, unit_search: bool = True,
-            progress: bool = True) -> SiteScore:
-        """The three stages of the module docstring; returns the best configuration."""
-        candidates = sorted({int(i) for i in candidates})
+            layer_stride: int = 1, progress: bool = True) -> SiteScore:
+        """The three stages of the module docstring; returns the best configuration. With
+        ``layer_stride`` k > 1, stage 1 scores every k-th candidate only (neighbouring layers
+        act alike; a calibration costs about 1/k as much) and stage 2 adds from those."""
+        if isinstance(layer_stride, bool) or not isinstance(layer_stride, int) or layer_stride < 1:
+            raise ValueError(f"layer_stride must be a positive integer, got {layer_stride!r}")
+        candidates = sorted({int(i) for i in candidates})[::layer_stride]
         if not candidates:
             raise ValueError("the search needs at least one candidate layer")
         if not 1 <= top_layers <= len(candidates):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -340,6 +341,7 @@ class Selector:
         control_banks: BankSet | None = None,
         strengths: Sequence[float] | None = None,
         unit_search: bool = True,
+        layer_stride: int = 2,
     ) -> Selector:
         """Select sites by the movement they cause (:mod:`hf_memory.site_search`), or, with a
         ``cost_budget``, the most movement whose cost on neutral text stays within it
@@ -371,6 +373,8 @@ class Selector:
             strengths: the dial's grid (budgeted search; default ``DEFAULT_STRENGTHS``).
             unit_search: after layers, remove units (KV groups of grouped-query models, else
                 query heads) while the score improves (budgeted search).
+            layer_stride: the budgeted search scores every k-th candidate layer alone (default
+                2: half the calibration time of scoring each; 1 scores every layer).
         """
         from .site_search import ShiftObjective, search_sites
 
@@ -400,7 +404,8 @@ class Selector:
             return cls._budgeted(model, banks, pairs, drift_pairs, objective, candidates,
                                  cost_budget=cost_budget, control_banks=control_banks,
                                  strengths=strengths, unit_search=unit_search,
-                                 top_layers=top_layers, progress=progress)
+                                 top_layers=top_layers, layer_stride=layer_stride,
+                                 progress=progress)
         budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
                   else max_evaluations)
         best, history = search_sites(objective, banks, candidates, top_layers=top_layers,
@@ -425,9 +430,11 @@ class Selector:
 
     @classmethod
     def _budgeted(cls, model, banks, pairs, drift_pairs, objective, candidates, *, cost_budget,
-                  control_banks, strengths, unit_search, top_layers, progress) -> Selector:
+                  control_banks, strengths, unit_search, top_layers, layer_stride,
+                  progress) -> Selector:
         """:meth:`calibrate_behavioural` under a cost budget."""
         from .budget_search import DEFAULT_STRENGTHS, BudgetSearch
+        from .site_search import SiteScore
 
         config = model.config
         if control_banks is not None:
@@ -438,10 +445,12 @@ class Selector:
             objective, banks, cost_budget, unit_type,
             config.num_key_value_heads if grouped else config.num_attention_heads,
             control=control_banks, strengths=strengths or DEFAULT_STRENGTHS)
-        best = search.run(candidates, top_layers=top_layers, unit_search=unit_search,
-                          progress=progress)
-        singles = {h.layers[0]: h for h in search.history[:len(candidates)]}
-        diagnostics = {name: torch.tensor([[float(getattr(singles[layer], name) or 0.0)]
+        screened = sorted(candidates)[::layer_stride]
+        best = search.run(candidates, top_layers=min(top_layers, len(screened)),
+                          unit_search=unit_search, layer_stride=layer_stride, progress=progress)
+        singles = {h.layers[0]: h for h in search.history[:len(screened)]}
+        nan = SiteScore((), 1.0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
+        diagnostics = {name: torch.tensor([[float(getattr(singles.get(layer, nan), name))]
                                            for layer in candidates], dtype=torch.float32)
                        for name in ("target", "target_se", "drift", "score", "cost",
                                     "strength")}
@@ -454,6 +463,7 @@ class Selector:
             config={"objective": "behavioural_budgeted", "top_layers": top_layers,
                     "cost_budget": cost_budget, "cost_weight": objective.cost_weight,
                     "strengths": list(search.strengths), "unit_search": unit_search,
+                    "layer_stride": layer_stride, "screened_layers": screened,
                     "drift_weight": objective.drift_weight,
                     "uncertainty_weight": objective.uncertainty_weight,
                     "control": control_banks.audit() if control_banks is not None else None,

@@ -273,8 +273,8 @@ def _eval(args: argparse.Namespace) -> None:
     elif args.task == "tradeoff":
         from eval_harness.tradeoff import TradeoffConfig, run_tradeoff
 
-        config = TradeoffConfig(directions=args.directions, additions=args.additions or 8,
-                                passages=args.passages or 20, num_bootstrap=args.bootstrap,
+        config = TradeoffConfig(directions=args.directions, additions=args.additions or 4,
+                                passages=args.passages or 16, num_bootstrap=args.bootstrap,
                                 seed=args.seed, max_delta_nll=args.max_delta_nll,
                                 selectors_dir=args.selectors)
         path = run_task("tradeoff", lambda: run_tradeoff(model, tokenizer, config),
@@ -390,7 +390,7 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="asm-refinement: scales of the orthogonal part to sweep")
     run.add_argument("--additions", type=positive_int, metavar="N",
                      help="capability / tradeoff: generated addition questions (default: 40 / "
-                          "8; plus 30 capitals)")
+                          "4; plus 30 capitals)")
     run.add_argument("--max-delta-nll", type=non_negative, default=0.1, metavar="NATS",
                      help="tradeoff: the cost limit of the matched-cost table, ΔNLL per token "
                           "of neutral text (default: 0.1)")
@@ -400,7 +400,7 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                           "(1 = as calibrated; e.g. 1,0.5,0.25)")
     run.add_argument("--passages", type=positive_int, metavar="N",
                      help="capability / tradeoff: neutral KJV sentences scored (default: 40 / "
-                          "20)")
+                          "16)")
     run.add_argument("--lengths", type=_lengths, default=[0, 256, 1024, 2048],
                      metavar="N,N,...",
                      help="persistence: opposite-style history lengths in tokens (default: "

@@ -183,6 +183,21 @@ def test_budgeted_search_by_hand():
     assert search.cost_probes == 14
 
 
+def test_a_layer_stride_screens_every_kth_layer():
+    cost = TableCost({layer: 0.01 for layer in range(5)})
+    table = {layer: [float(layer), 0.0] for layer in range(5)}
+    objective = TableObjective(table, {layer: [0.0, 0.0] for layer in range(5)}, cost)
+    search = BudgetSearch(objective, banks(), 0.1, "kv_group", 2, control=banks(seed=3),
+                          strengths=[1.0])
+    best = search.run(range(5), top_layers=2, unit_search=False, layer_stride=2,
+                      progress=False)
+    singles = [h.layers for h in search.history[:3]]
+    assert singles == [(0,), (2,), (4,)] and best.layers == (2, 4)
+    assert all(1 not in h.layers and 3 not in h.layers for h in search.history)
+    with pytest.raises(ValueError, match="layer_stride must be a positive integer"):
+        search.run(range(5), top_layers=1, layer_stride=0, progress=False)
+
+
 def test_budget_rule_and_bad_budgets():
     cost = TableCost({0: 1.0})
     objective = TableObjective({0: [1.0, 1.0]}, {0: [0.0, 0.0]}, cost)
