@@ -19,7 +19,7 @@ wants less turns ``steer(..., strength=)`` down from there). Stages, each keepin
 when the score improves:
 
 1. every candidate layer alone (all units; or every k-th with ``layer_stride``);
-2. greedy addition of layers in stage 1's order, up to ``top_layers``;
+2. greedy addition of the next best layers of stage 1 (``top_layers`` trials at most);
 3. greedy removal of units (KV groups of grouped-query models, else query heads) one at a time.
 """
 
@@ -138,7 +138,7 @@ class BudgetSearch:
         singles = [scored({layer: every}) for layer in candidates]
         order = [s.layers[0] for s in sorted(singles, key=lambda s: (-s.score, s.layers))]
         best = max(singles, key=lambda s: (s.score, -s.layers[0]))
-        for layer in order:
+        for layer in order[:top_layers]:  # the next best singles, one trial each
             if len(best.layers) >= top_layers:
                 break
             if layer not in best.layers:

@@ -341,7 +341,7 @@ class Selector:
         control_banks: BankSet | None = None,
         strengths: Sequence[float] | None = None,
         unit_search: bool = True,
-        layer_stride: int = 2,
+        layer_stride: int = 3,
     ) -> Selector:
         """Select sites by the movement they cause (:mod:`hf_memory.site_search`), or, with a
         ``cost_budget``, the most movement whose cost on neutral text stays within it
@@ -374,7 +374,7 @@ class Selector:
             unit_search: after layers, remove units (KV groups of grouped-query models, else
                 query heads) while the score improves (budgeted search).
             layer_stride: the budgeted search scores every k-th candidate layer alone (default
-                2: half the calibration time of scoring each; 1 scores every layer).
+                3: a third of the calibration time of scoring each; 1 scores every layer).
         """
         from .site_search import ShiftObjective, search_sites
 

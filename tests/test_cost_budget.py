@@ -171,16 +171,16 @@ def test_budgeted_search_by_hand():
     assert singles[1].strength == 1.0 and singles[1].score == pytest.approx(0.72)
     assert singles[2].strength == 0.5 and singles[2].score == pytest.approx(-0.05)
     assert singles[2].presence == pytest.approx(2.0)
-    # greedy in single order 1, 0, 2: adding 0 prices it out (0.25 costs 2.5) -> 0; adding 2
-    # fits at 0.5: 0.5·4.8 − 2.0 − 0.07 = 0.33 < 0.72. Units: dropping layer 1's first group
-    # leaves −0.2; dropping its second (−0.2) moves +1.0 at 0.04 -> 0.96
+    # greedy over the next best top_layers = 2 singles (1, 0): adding 0 prices it out (0.25
+    # costs 2.5) -> 0; layer 2 is not tried. Units: dropping layer 1's first group leaves
+    # −0.2; dropping its second (−0.2) moves +1.0 at 0.04 -> 0.96
     assert dict(best.units) == {1: (0,)} and best.strength == 1.0
     assert best.score == pytest.approx(1.0 - 0.04) and best.cost <= 0.1
     # no configuration of the history is over budget
     assert all(h.cost <= 0.1 for h in search.history)
-    assert len(search.history) == 7
+    assert [h.layers for h in search.history] == [(0,), (1,), (2,), (0, 1), (1,), (1,)]
     # bisection over three grid points: two cost probes per configuration
-    assert search.cost_probes == 14
+    assert search.cost_probes == 12
 
 
 def test_a_layer_stride_screens_every_kth_layer():
