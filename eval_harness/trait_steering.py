@@ -94,7 +94,7 @@ class TraitSteeringConfig:
     uncertainty_weight: float = 1.0
     bank_context: str = "system"
     bank_template: str = "{text}"
-    cost_budget: float | None = None
+    cost_budget: float | None = 0.1
     caa_layer: int = 10
     caa_scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
     caa_start: str = "all"

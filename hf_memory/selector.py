@@ -361,8 +361,9 @@ class Selector:
             uncertainty_weight: weight of the target movement's standard error over the pairs
                 in the score (target − uncertainty_weight · se − drift_weight · drift): a
                 lower confidence bound, so a site must move the pairs consistently.
-            max_evaluations: scored configurations allowed (default: candidates + top_layers
-                + 2·len(gains)); each is one batch of forward passes over the pairs.
+            max_evaluations: scored configurations allowed in the unbudgeted search (default:
+                candidates + top_layers + 2·len(gains)); each is one batch of forward passes
+                over the pairs. The budgeted search's count is fixed by its stages.
             cost_budget: nats per token of neutral text a configuration may cost (None: no
                 budget, the unbudgeted search over ``gains``; ``DEFAULT_COST_BUDGET`` = 0.1).
             cost_weight: weight of the cost in the score, in either search.

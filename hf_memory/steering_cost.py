@@ -49,7 +49,12 @@ class NeutralCost:
     Args:
         passages: neutral sentences, each scored as the reply to ``request``.
         prompts: neutral requests; the plain model's greedy replies (``max_new_tokens``) to
-            them are scored. Default (both None): the shipped ``data/cost_texts.json``.
+            them are scored (empty replies are dropped). Default (both None): the shipped
+            ``data/cost_texts.json``.
+
+    Attributes:
+        items: the scored ``(request, reply)`` pairs; ``replies``: the plain model's replies;
+        tokens: the replies' token count; plain: their log-probabilities under plain.
     """
 
     model: nn.Module
@@ -76,7 +81,10 @@ class NeutralCost:
         kept = [(p, r) for p, r in zip(self.prompts, replies, strict=True) if r.strip()]
         self.replies = [r for _, r in kept]
         self.items = ([(self.request, p) for p in self.passages]
-                       + [(p, r) for p, r in kept])
+                      + [(p, r) for p, r in kept])
+        if not self.items:
+            raise ValueError("the plain model's replies to the neutral prompts are all empty; "
+                             "give neutral passages")
         self.tokens = sum(len(self.tokenizer(reply, add_special_tokens=False).input_ids)
                           for _, reply in self.items)
         self.plain = self._logprobs(None)

@@ -66,6 +66,8 @@ def test_demo_steers_through_the_shipped_selector(capsys):
                      "--max-new-tokens", "8"]) == 0
     out = capsys.readouterr().out
     assert "steered sites (layer: gain):" in out and "[memory (+" in out
+    assert "; strength 0.5; units {12: [1, 2]" in out  # the shipped N+ selector's dial and units
+    assert "repetition: plain distinct-2" in out and "; memory distinct-2" in out
 
 
 @pytest.mark.parametrize("argv, message", [

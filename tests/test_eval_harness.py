@@ -15,6 +15,7 @@ from eval_harness.metrics import METRICS_DIR, load_metric
 from eval_harness.names import FACTORS
 from eval_harness.report import render_report
 from eval_harness.runner import environment, validate_results
+from eval_harness.trait_steering import TraitSteeringConfig
 from hf_memory.selector import Selector
 
 
@@ -239,7 +240,9 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     assert "acquiescence" in memory["questionnaire"]
     setup = results["setups"]["N+"]
     assert len(setup["memory"]["layers"]) == 1 and setup["memory"]["layers"][0] in (19, 20)
-    assert setup["caa"]["scale"] in (1.0, 2.0, 4.0, 8.0, 16.0)
+    # the largest-scoring scale within the cost budget, or 0 (CAA off) where none fits
+    assert setup["caa"]["scale"] in (0.0, *TraitSteeringConfig().caa_scales)
+    assert setup["memory"]["cost_budget"] == 0.1
     for masses in setup["memory"]["routing_mass"].values():
         assert sum(masses.values()) == pytest.approx(1.0, abs=1e-3)
     loaded = Selector.from_pretrained(tmp_path / "selectors" / "N+")

@@ -136,13 +136,14 @@ def test_a_selector_of_another_format_version_is_refused(tmp_path):
 @pytest.mark.parametrize("direction", ["N+", "N-"])
 def test_the_automatic_path_moves_the_probe_towards_the_target(default_model, direction):
     """The shipped frozen selector, with the direction's descriptor bank: the worry probe moves
-    towards the target (up for anxious, down for calm), at least as far as the same text as a
-    visible system prompt moves it, and the opposite descriptor's bank at the same sites moves
-    it the other way."""
+    towards the target (up for anxious, down for calm), and the opposite descriptor's bank at the
+    same sites moves it the other way. (Within its cost budget memory no longer moves this probe
+    as far as the visible prompt for N−: −3.6 against −7.6 nats; memory against the prompt is
+    measured at matched cost by ``hf-memory eval tradeoff``, BENCHMARKS.md.)"""
     model, tokenizer = default_model
     _, sign, target, reference = direction_parts(direction)
     selector = shipped_selector(direction, model=model)
-    assert selector.config["objective"] == "behavioural"
+    assert selector.config["objective"] == "behavioural_budgeted"
     plain = worry_margin(model, tokenizer)
     banks = BankSet([persona_bank(model, tokenizer, target)], model=model)
     with steer(model, banks, selector=selector):
@@ -152,7 +153,7 @@ def test_the_automatic_path_moves_the_probe_towards_the_target(default_model, di
         opposite = worry_margin(model, tokenizer)
     prompt = worry_margin(model, tokenizer, PromptMethod(target, tokenizer=tokenizer))
     assert sign * (memory - plain) > 0, (plain, memory)
-    assert sign * (memory - plain) >= sign * (prompt - plain), (plain, memory, prompt)
+    assert sign * (prompt - plain) > 0, (plain, prompt)  # the probe itself points the right way
     assert sign * (opposite - plain) < 0, (plain, opposite)
 
 
@@ -160,6 +161,9 @@ def test_a_frozen_selector_is_shipped_for_every_direction(default_model):
     model, _ = default_model
     for direction in SHIPPED_DIRECTIONS:
         selector = shipped_selector(direction, model=model)
-        assert selector.config["objective"] == "behavioural"
+        assert selector.config["objective"] == "behavioural_budgeted"
         assert selector.config["direction"] == direction
-        assert selector.config["best"]["target"] > 0  # moves its calibration pairs its way
+        best = selector.config["best"]
+        assert best["target"] > 0  # moves its calibration pairs its way, net of a neutral bank
+        assert best["cost"] <= selector.config["cost_budget"] == 0.1  # within the budget
+        assert selector.strength == best["strength"] > 0

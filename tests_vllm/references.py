@@ -9,6 +9,7 @@ import torch
 from hf_memory import steer
 
 NEW_TOKENS = 12
+TOLERANCE = 2e-4  # nats, per token: served log-probabilities against transformers'
 
 
 def hf_greedy(model, prompt: list[int], steering: dict | None = None) -> tuple[list, list]:

@@ -36,9 +36,8 @@ from hf_memory import BankSet, MemoryBank, Selector
 from hf_memory.adapters import UnsupportedModelError
 from hf_memory_vllm import REGISTRY_ENV, cache_salt, steering_args, write_registry
 
-from .references import NEW_TOKENS, chat, hf_greedy
+from .references import NEW_TOKENS, TOLERANCE, chat, hf_greedy
 
-TOLERANCE = 2e-4  # nats, per token
 BLOCK = 32  # KV block size of every engine here: prompts of 40+ tokens span blocks
 
 
@@ -228,8 +227,11 @@ def test_embedded_model_matches_steer_in_a_mixed_batch(embedded):
                         "selector": Selector.from_pretrained(root / f"{name}-selector")}
         for i, prompt in enumerate(prompts):
             expected[name, i] = hf_greedy(model, prompt, steering)
+    # each steering changes the reference (the calm selector, one KV group at strength 0.625,
+    # changes the log-probabilities without changing these greedy tokens)
     assert expected["anxious", 0][0] != expected[None, 0][0]
-    assert expected["calm", 0][0] != expected[None, 0][0]
+    assert max(abs(a - b) for a, b in zip(expected["calm", 0][1], expected[None, 0][1],
+                                          strict=True)) > 100 * TOLERANCE
     with engine(model_dir, registry, max_num_batched_tokens=64, max_num_seqs=8) as llm:
         keys = list(expected)
         served = vllm_greedy(llm, [prompts[i] for _, i in keys],

@@ -23,7 +23,7 @@ import pytest
 from hf_memory import BankSet, Selector
 from hf_memory_vllm import REGISTRY_ENV, cache_salt, steering_args
 
-from .references import NEW_TOKENS, chat, hf_greedy
+from .references import NEW_TOKENS, TOLERANCE, chat, hf_greedy
 
 START_TIMEOUT = 300
 
@@ -91,16 +91,17 @@ def test_served_requests_steer_per_request_and_bad_ones_get_400(server, embedded
         steering = None if name is None else {
             "banks": BankSet.from_pretrained(root / name),
             "selector": Selector.from_pretrained(root / f"{name}-selector")}
-        expected[name] = tokenizer.decode(hf_greedy(model, prompt, steering)[0])
+        tokens, logprobs = hf_greedy(model, prompt, steering)
+        expected[name] = (tokenizer.decode(tokens), logprobs)
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
 
     def complete(name):
         extra = {} if name is None else {"vllm_xargs": steering_args(name),
                                           "cache_salt": cache_salt(steering_args(name))}
         reply = client.completions.create(model="smollm2", prompt=prompt,
-                                          max_tokens=NEW_TOKENS, temperature=0,
+                                          max_tokens=NEW_TOKENS, temperature=0, logprobs=0,
                                           extra_body={"ignore_eos": True, **extra})
-        return reply.choices[0].text
+        return reply.choices[0].text, reply.choices[0].logprobs.token_logprobs
 
     bad = [{"memory_bank_set": "excited"}, {"memory_bank_set": "calm", "memory_scale": "loud"}]
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -109,12 +110,19 @@ def test_served_requests_steer_per_request_and_bad_ones_get_400(server, embedded
                                {"model": "smollm2", "prompt": prompt, "max_tokens": 4,
                                 "vllm_xargs": args}) for args in bad]
         for name, future in good.items():
-            assert future.result() == expected[name], name
+            text, logprobs = future.result()
+            assert text == expected[name][0], name
+            gap = max(abs(a - b) for a, b in zip(logprobs, expected[name][1], strict=True))
+            assert gap < TOLERANCE, (name, gap)
         statuses = [future.result() for future in refused]
     assert [status for status, _ in statuses] == [400, 400]
     assert "unknown bank set 'excited'" in statuses[0][1]["error"]["message"]
     assert "memory_scale must be a number" in statuses[1][1]["error"]["message"]
-    assert expected["anxious"] != expected[None] and expected["calm"] != expected[None]
+    # both steerings change the reference: anxious its text, calm (one KV group at strength
+    # 0.625) its log-probabilities, which the served ones match within the tolerance
+    assert expected["anxious"][0] != expected[None][0]
+    assert max(abs(a - b) for a, b in zip(expected["calm"][1], expected[None][1],
+                                          strict=True)) > 100 * TOLERANCE
 
     # the chat endpoint carries the same arguments
     reply = client.chat.completions.create(
@@ -123,4 +131,4 @@ def test_served_requests_steer_per_request_and_bad_ones_get_400(server, embedded
         max_tokens=NEW_TOKENS, temperature=0,
         extra_body={"vllm_xargs": steering_args("calm"), "ignore_eos": True,
                     "cache_salt": cache_salt(steering_args("calm"))})
-    assert reply.choices[0].message.content == expected["calm"]
+    assert reply.choices[0].message.content == expected["calm"][0]
