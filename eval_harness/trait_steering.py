@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,7 @@ class TraitSteeringConfig:
     bank_context: str = "system"
     bank_template: str = "{text}"
     cost_budget: float | None = 0.1
+    layer_stride: int = 3
     caa_layer: int = 10
     caa_scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
     caa_start: str = "all"
@@ -114,6 +115,10 @@ class TraitSteeringConfig:
             raise ValueError("calibration_pairs must be between 1 and 24 per trait")
         if self.cost_budget is not None:
             check_weight("cost_budget", self.cost_budget)
+        if isinstance(self.layer_stride, bool) or not isinstance(self.layer_stride, int) or (
+                self.layer_stride < 1):
+            raise ValueError(f"layer_stride must be a positive integer, got "
+                             f"{self.layer_stride!r}")
 
 
 class CAAFromStart(CAAMethod):
@@ -195,8 +200,11 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
     wanted = {"pairs_sha256": pairs_digest(pairs, drift),
               "uncertainty_weight": config.uncertainty_weight, "top_layers": config.top_layers,
               "cost_budget": budget}
+    stride = getattr(config, "layer_stride", 3)
     if budget is None:
         wanted["gains"] = sorted(float(g) for g in config.gains)
+    else:
+        wanted["layer_stride"] = stride
     sources = bank_sources(banks)
     candidates = sorted({layer for bank in banks for layer in bank.layers}
                         if config.candidate_layers is None else set(config.candidate_layers))
@@ -211,7 +219,8 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
         model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
         candidate_layers=config.candidate_layers, gains=config.gains,
         uncertainty_weight=config.uncertainty_weight, batch_size=config.batch_size,
-        cost_budget=budget, cost=cost, control_banks=control, progress=False)
+        cost_budget=budget, cost=cost, control_banks=control, layer_stride=stride,
+        progress=False)
     selector.config["bank_sources"] = sources
     if path is not None:
         selector.save_pretrained(path)
@@ -427,6 +436,7 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
     likelihood items for k = 1 … ``max_layers``, beside the visible prompt's effect and KV
     bytes.
     """
+    config = replace(config, layer_stride=1)  # the ranking needs every layer scored alone
     items = eval_pairs(config.limit)
     pairs_all = [oriented(i, 1) for i in items]
     traits = [i["trait"] for i in items]
@@ -442,7 +452,8 @@ def run_layer_ablation(model, tokenizer, config: TraitSteeringConfig,
         selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config,
                                         direction,
                                         control=neutral_control(model, tokenizer, config))
-        singles = selector.config["history"][:len(selector.candidate_layers)]
+        screened = selector.config.get("screened_layers", selector.candidate_layers)
+        singles = selector.config["history"][:len(screened)]
         ranking = [s["layers"][0] for s in sorted(singles, key=lambda s: -s["score"])]
         gain = next(iter(selector.layer_gains.values()))
         descriptor = tokenizer(target, return_tensors="pt", add_special_tokens=False).input_ids
