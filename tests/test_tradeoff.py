@@ -3,11 +3,14 @@ the embedded model whose numbers agree with the pieces they are made of."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from eval_harness import tradeoff
 from eval_harness.capability import capability_questions
+from eval_harness.runner import run_task
 from eval_harness.tradeoff import TradeoffConfig, matched, run_tradeoff
 from eval_harness.tradeoff_report import render_tradeoff
 from eval_harness.trait_steering import TraitSteeringConfig, _bank, eval_pairs
@@ -50,7 +53,9 @@ def test_a_small_run_agrees_with_its_parts(default_model, monkeypatch, tmp_path)
     monkeypatch.setattr(tradeoff, "capability_questions", lambda *args: questions)
     config = TradeoffConfig(directions=["N+"], memory_strengths=[0.5], caa_scales=[1.0],
                             passages=2, num_bootstrap=20)
-    results = run_tradeoff(model, tokenizer, config)
+    path = run_task("tradeoff", lambda: run_tradeoff(model, tokenizer, config), model=model,
+                    config={"directions": ["N+"]}, seed=0, out=tmp_path / "run")
+    results = json.loads(path.read_text())["results"]  # validated against the schema
     (direction,) = results["directions"]
     names = [p["name"] for p in direction["points"]]
     assert names == ["prompt", "memory@0.5", "caa×1"]  # the selector's own strength once
@@ -81,3 +86,11 @@ def test_a_small_run_agrees_with_its_parts(default_model, monkeypatch, tmp_path)
     assert "Shift at matched cost" in report and "memory@0.5" in report
     assert [p.name for p in paths] == ["report.md", "tradeoff_Nplus.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_every_task_of_the_command_line_may_write_a_results_file():
+    from eval_harness.names import TASKS
+    from eval_harness.runner import SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    assert set(schema["properties"]["task"]["enum"]) == set(TASKS)
