@@ -45,7 +45,7 @@ from .intervals import mean_interval
 from .names import check_positive_ints, checked_directions
 
 __all__ = ["CAPITALS", "CapabilityConfig", "capability_questions", "hub_questions",
-           "memory_name", "run_capability", "score_questions"]
+           "memory_name", "plain_baseline", "run_capability", "score_questions"]
 
 
 def memory_name(scale: float) -> str:
@@ -170,6 +170,26 @@ def _neutral_nll(model, tokenizer, sentences: Sequence[str], method: Method,
     return -logprobs.numpy(), np.asarray(counts, dtype=np.float64)
 
 
+def plain_baseline(model, tokenizer, config) -> tuple[list, list, list[str], np.ndarray,
+                                                      np.ndarray]:
+    """What the plain model does on the capability data of ``config`` (``additions``,
+    ``passages``, ``seed``, ``batch_size``): the generated questions, those it answers, the
+    neutral sentences, and their summed NLL and token counts.
+
+    Raises:
+        ValueError: the plain model answers none of the questions (nothing to retain).
+    """
+    questions = capability_questions(config.additions, config.seed)
+    plain = PlainMethod()
+    picks = score_questions(model, tokenizer, questions, plain, config.batch_size)
+    kept = [q for q, p in zip(questions, picks, strict=True) if p == q["answer"]]
+    if not kept:
+        raise ValueError("the plain model answers none of the capability questions")
+    sentences = kjv_sentences(config.passages, seed=config.seed)
+    plain_nll, counts = _neutral_nll(model, tokenizer, sentences, plain, config.batch_size)
+    return questions, kept, sentences, plain_nll, counts
+
+
 def _interval(draw, size: int, num_bootstrap: int, seed: int) -> list[float]:
     rng = np.random.default_rng(seed)
     values = [draw(rng.integers(0, size, size)) for _ in range(num_bootstrap)]
@@ -188,14 +208,7 @@ def run_capability(model, tokenizer, config: CapabilityConfig,
     """
     from .trait_steering import TraitSteeringConfig, calibrate_direction, eval_pairs
 
-    questions = capability_questions(config.additions, config.seed)
-    plain = PlainMethod()
-    picks = score_questions(model, tokenizer, questions, plain, config.batch_size)
-    kept = [q for q, p in zip(questions, picks, strict=True) if p == q["answer"]]
-    if not kept:
-        raise ValueError("the plain model answers none of the capability questions")
-    sentences = kjv_sentences(config.passages, seed=config.seed)
-    plain_nll, counts = _neutral_nll(model, tokenizer, sentences, plain, config.batch_size)
+    questions, kept, sentences, plain_nll, counts = plain_baseline(model, tokenizer, config)
     runs = []
     if steering is None:
         steering = TraitSteeringConfig(directions=config.directions,

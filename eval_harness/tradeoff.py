@@ -30,13 +30,12 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from hf_memory import BankSet, CAAVectors, MemoryMethod, Method, PlainMethod, PromptMethod
-from hf_memory.analysis.corpus import kjv_sentences
+from hf_memory import BankSet, CAAVectors, MemoryMethod, Method, PromptMethod
 from hf_memory.calibration import calibration_pairs, direction_parts, oriented
 from hf_memory.likelihood import pair_margins
 
 from .bigfive import CAA_FRAMES
-from .capability import _neutral_nll, capability_questions, score_questions
+from .capability import _neutral_nll, plain_baseline, score_questions
 from .intervals import mean_interval
 from .names import DIRECTIONS, check_positive_ints, checked_directions
 
@@ -151,14 +150,7 @@ def run_tradeoff(model, tokenizer, config: TradeoffConfig) -> dict[str, Any]:
     """Trace every method of every direction (module docstring); return the task's results."""
     from .trait_steering import eval_pairs
 
-    questions = capability_questions(config.additions, config.seed)
-    plain = PlainMethod()
-    picks = score_questions(model, tokenizer, questions, plain, config.batch_size)
-    kept = [q for q, p in zip(questions, picks, strict=True) if p == q["answer"]]
-    if not kept:
-        raise ValueError("the plain model answers none of the capability questions")
-    sentences = kjv_sentences(config.passages, seed=config.seed)
-    plain_nll, counts = _neutral_nll(model, tokenizer, sentences, plain, config.batch_size)
+    questions, kept, sentences, plain_nll, counts = plain_baseline(model, tokenizer, config)
     directions = []
     for direction in tqdm(config.directions, desc="tradeoff"):
         sign = 1 if direction[1] == "+" else -1

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from eval_harness import tradeoff
 from eval_harness.capability import capability_questions
 from eval_harness.runner import run_task
 from eval_harness.tradeoff import TradeoffConfig, matched, run_tradeoff
@@ -50,7 +49,7 @@ def test_a_small_run_agrees_with_its_parts(default_model, monkeypatch, tmp_path)
     monkeypatch.setattr("eval_harness.trait_steering.behavioural_selector",
                         lambda *args, **kwargs: selector)
     questions = capability_questions(1, 0)[:6]
-    monkeypatch.setattr(tradeoff, "capability_questions", lambda *args: questions)
+    monkeypatch.setattr("eval_harness.capability.capability_questions", lambda *args: questions)
     config = TradeoffConfig(directions=["N+"], memory_strengths=[0.5], caa_scales=[1.0],
                             passages=2, num_bootstrap=20)
     path = run_task("tradeoff", lambda: run_tradeoff(model, tokenizer, config), model=model,
