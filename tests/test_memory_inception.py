@@ -107,7 +107,7 @@ class ConcatReference:
         weights = torch.softmax(torch.cat(columns, -1), -1)
         mixed = weights @ torch.cat(values, dim=2)
         plain = torch.softmax(scores, -1) @ value
-        heads = torch.zeros(h, dtype=torch.bool)
+        heads = torch.zeros(h, dtype=torch.bool, device=scores.device)
         heads[self.sites[layer]] = True
         out = torch.where(heads[None, :, None, None], mixed, plain)
         return out.transpose(1, 2), None

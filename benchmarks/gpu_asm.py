@@ -1,0 +1,248 @@
+"""ASM on a CUDA GPU, in one process: the Triton scan against the chunked PyTorch path.
+
+* one ASM-57M layer's scan + read (``asa_attend``: write scan, content-scored read weights,
+  read), forward + backward, bf16 inputs, T x B grid: Triton, chunked PyTorch (chunk 64) and the
+  per-token loop of ``benchmarks/asm_scan.py`` (short T only); tokens/s and peak memory; and
+  flash-linear-attention's ``chunk_gsa`` (gated slot attention: a slot memory written through a
+  softmax over slots, the closest kernel we know) on the same B, T, heads and slots, where fla
+  imports (its own section: its first calls autotune for minutes);
+* the whole ASM-57M in bf16, forward + backward, Triton vs PyTorch backend, against a
+  same-width stock Llama (SDPA);
+* decoding one token at contexts 256 .. 16k: ASM (Triton, PyTorch) vs the same-width Llama.
+
+Usage: python benchmarks/gpu_asm.py [--json FILE] [--quick] [--sections layer,model,decode,fla]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import LlamaForCausalLM
+
+from hf_memory.transformers_compat import cache_kwargs, output_cache
+from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked
+from modeling.asm.asm_kernels import asa_attend_triton
+from modeling.asm.baseline_asm import matched_llama_config
+
+CUDA = torch.device("cuda")
+
+
+def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median seconds of ``fn`` (after one warm-up) and its peak memory in GiB."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), torch.cuda.max_memory_allocated() / 2**30
+
+
+def naive_loop(logits, v, q, key_logits, gamma):
+    """The exact per-token recurrence as a Python loop (one step = a handful of launches)."""
+    b, h, t, k = logits.shape
+    m = torch.full((b, h, k), float("-inf"), device=v.device)
+    den = torch.zeros(b, h, k, device=v.device)
+    num = torch.zeros(b, h, k, v.shape[-1], device=v.device)
+    outs = []
+    for i in range(t):
+        lg = logits[:, :, i].float()
+        c = torch.maximum(m, lg).detach()
+        carry, e = torch.exp(m - c), torch.exp(lg - c)
+        den = den * carry + e
+        num = num * carry[..., None] + e[..., None] * v[:, :, i, None, :].float()
+        m = c
+        slot = num / den[..., None]
+        content = (slot * q[:, :, i, None, :].float()).sum(-1)
+        r = torch.softmax(key_logits[:, :, i].float() + gamma[:, None] * content, dim=-1)
+        outs.append((r[..., None] * slot).sum(-2))
+    return torch.stack(outs, dim=2)
+
+
+def scan_inputs(b: int, t: int, h: int, k: int, d: int) -> list[torch.Tensor]:
+    gen = torch.Generator(device=CUDA).manual_seed(0)
+    logits = torch.randn(b, h, t, k, generator=gen, device=CUDA)
+    logits = logits + 0.01 * torch.arange(t, device=CUDA)[:, None]  # a recency ramp
+    v = torch.randn(b, h, t, d, generator=gen, device=CUDA)
+    q = torch.randn(b, h, t, d, generator=gen, device=CUDA) / d ** 0.5
+    key_logits = torch.randn(b, h, t, k, generator=gen, device=CUDA)
+    gamma = torch.full((h,), 0.5, device=CUDA)
+    return [x.bfloat16().requires_grad_() for x in (logits, v, q, key_logits)] + [gamma]
+
+
+def scan_step(fn, inputs):
+    def run():
+        out = fn(*inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().sum().backward()
+    return run
+
+
+def gsa_step(b: int, t: int, h: int, k: int, d: int):
+    """fla's chunk_gsa (no forget gate: plain ABC) on the same shapes, bf16, fwd + bwd."""
+    from fla.ops.gsa import chunk_gsa
+    gen = torch.Generator(device=CUDA).manual_seed(0)
+    q, kk, v = (torch.randn(b, t, h, d, generator=gen, device=CUDA).bfloat16().requires_grad_()
+                for _ in range(3))
+    s = torch.randn(b, t, h, k, generator=gen, device=CUDA).bfloat16().requires_grad_()
+
+    def run():
+        out = chunk_gsa(q, kk, v, s)
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().sum().backward()
+    return run
+
+
+def layer_table(args, config: ASMConfig, rows: list[dict]) -> None:
+    h, k, d = config.num_attention_heads, config.num_slots, config.head_dim
+    chunked = lambda *x: asa_attend_chunked(*x, chunk_size=config.chunk_size)  # noqa: E731
+    print(f"# one ASM-57M layer (H={h} K={k} d={d}), scan + read fwd+bwd, bf16 inputs")
+    print(f"{'B':>3} {'T':>6} {'triton tok/s':>13} {'torch tok/s':>12} {'loop tok/s':>11} "
+          f"{'triton/torch':>12} {'mem triton/torch GiB':>21}")
+    for b in args.batches:
+        for t in args.lengths:
+            inputs = scan_inputs(b, t, h, k, d)
+            row = {"section": "layer", "B": b, "T": t}
+            for name, fn in (("triton", asa_attend_triton), ("torch", chunked)):
+                sec, mem = timed(scan_step(fn, inputs), args.repeats)
+                row[name] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
+            if t <= args.loop_max:
+                sec, mem = timed(scan_step(naive_loop, inputs), 1)
+                row["loop"] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
+            rows.append(row)
+            loop = row.get("loop", {}).get("tok_s")
+            print(f"{b:>3} {t:>6} {row['triton']['tok_s']:>13,.0f} {row['torch']['tok_s']:>12,.0f} "
+                  f"{loop or float('nan'):>11,.0f} "
+                  f"{row['triton']['tok_s'] / row['torch']['tok_s']:>11.2f}x "
+                  f"{row['triton']['peak_gib']:>10.2f}/{row['torch']['peak_gib']:.2f}",
+                  flush=True)
+            del inputs
+
+
+def fla_table(args, config: ASMConfig, rows: list[dict]) -> None:
+    """fla's chunk_gsa on the layer table's shapes (its first calls autotune: slow)."""
+    h, k, d = config.num_attention_heads, config.num_slots, config.head_dim
+    print(f"# fla chunk_gsa (H={h}, {k} slots, head dim {d}), fwd+bwd, bf16")
+    for b in args.batches:
+        for t in args.lengths:
+            row = {"section": "fla_gsa", "B": b, "T": t}
+            try:
+                sec, mem = timed(gsa_step(b, t, h, k, d), args.repeats)
+                row.update(s=sec, tok_s=b * t / sec, peak_gib=mem)
+                print(f"{b:>3} {t:>6} {row['tok_s']:>13,.0f} tok/s {mem:6.2f} GiB", flush=True)
+            except Exception as exc:  # fla missing or refusing the shape: say why, go on
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                print(f"# fla chunk_gsa not measured: {row['error']}", flush=True)
+                rows.append(row)
+                return
+            rows.append(row)
+
+
+def model_table(args, rows: list[dict]) -> None:
+    print("# whole model, bf16, forward + backward (loss), tokens/s")
+    print(f"{'B':>3} {'T':>6} {'asm triton':>11} {'asm torch':>10} {'llama':>9} "
+          f"{'triton/torch':>12} {'triton/llama':>12}")
+    for b, t in args.model_shapes:
+        ids = torch.randint(0, 50257, (b, t), device=CUDA)
+        row = {"section": "model", "B": b, "T": t}
+        for name in ("asm_triton", "asm_torch", "llama"):
+            model = build(name, t)
+            model.train()
+
+            def run(model=model, ids=ids):
+                model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+                model.zero_grad(set_to_none=True)
+            sec, mem = timed(run, args.repeats)
+            row[name] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
+            del model
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"{b:>3} {t:>6} {row['asm_triton']['tok_s']:>11,.0f} "
+              f"{row['asm_torch']['tok_s']:>10,.0f} {row['llama']['tok_s']:>9,.0f} "
+              f"{row['asm_triton']['tok_s'] / row['asm_torch']['tok_s']:>11.2f}x "
+              f"{row['asm_triton']['tok_s'] / row['llama']['tok_s']:>11.2f}x", flush=True)
+
+
+def build(name: str, context: int):
+    torch.manual_seed(0)
+    backend = "torch" if name == "asm_torch" else "triton"
+    config = ASMConfig(scan_backend=backend, max_position_embeddings=max(1024, context + 64))
+    if name == "llama":
+        llama = matched_llama_config(config)
+        llama._attn_implementation = "sdpa"
+        return LlamaForCausalLM(llama).to(CUDA, torch.bfloat16)
+    return ASMForCausalLM(config).to(CUDA, torch.bfloat16)
+
+
+def decode_table(args, rows: list[dict]) -> None:
+    print(f"# decode, batch 1, bf16: ms per token (median of {args.decode_steps}) after a context")
+    print(f"{'context':>7} {'asm triton':>11} {'asm torch':>10} {'llama':>8} {'triton/llama':>12}")
+    models = {name: build(name, max(args.contexts)).eval()
+              for name in ("asm_triton", "asm_torch", "llama")}
+    for context in args.contexts:
+        row = {"section": "decode", "context": context}
+        ids = torch.randint(0, 50257, (1, context), device=CUDA)
+        token = torch.randint(0, 50257, (1, 1), device=CUDA)
+        with torch.inference_mode():
+            for name, model in models.items():
+                cache = output_cache(model(ids, use_cache=True))
+                times = []
+                for step in range(args.decode_steps + 2):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    cache = output_cache(model(token, **cache_kwargs(cache), use_cache=True))
+                    torch.cuda.synchronize()
+                    if step >= 2:
+                        times.append(time.perf_counter() - start)
+                row[name] = 1000 * statistics.median(times)
+                del cache
+        rows.append(row)
+        print(f"{context:>7} {row['asm_triton']:>11.2f} {row['asm_torch']:>10.2f} "
+              f"{row['llama']:>8.2f} {row['asm_triton'] / row['llama']:>11.2f}x", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write every measurement here (JSON lines)")
+    parser.add_argument("--quick", action="store_true", help="a small grid, to check the script")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sections", default="layer,model,decode",
+                        help="comma-separated, of layer, model, decode, fla")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_asm.py needs a CUDA device")
+    args.lengths = [256, 1024] if args.quick else [1024, 4096, 16384]
+    args.batches = [1, 2] if args.quick else [1, 16]
+    args.loop_max = 256 if args.quick else 1024
+    args.model_shapes = [(1, 256)] if args.quick else [(16, 1024), (4, 4096)]
+    args.contexts = [64, 256] if args.quick else [256, 2048, 8192, 16384]
+    args.decode_steps = 4 if args.quick else 32
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    rows: list[dict] = []
+    try:
+        sections = args.sections.split(",")
+        if "layer" in sections:
+            layer_table(args, ASMConfig(), rows)
+        if "model" in sections:
+            model_table(args, rows)
+        if "decode" in sections:
+            decode_table(args, rows)
+        if "fla" in sections:
+            fla_table(args, ASMConfig(), rows)
+    finally:
+        if args.json:
+            with open(args.json, "w") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Every GPU check in one command (a lent GPU machine has no network and little time):
+#   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
+#   benchmarks/gpu_asm.py, gpu_mi_generate.py and training_steps.py --device cuda.
+# Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
+# needs, flash-linear-attention as an outside anchor); one that does not import there is
+# dropped and the run goes on with what the image has. Logs and JSON lines go to $OUT.
+set -u
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl
+    export PYTHONPATH="$PWD:/tmp/site"
+    for module in transformers datasets fla; do
+        python3 -c "import $module" 2>"$OUT/import_$module.err" \
+            || { echo "# $module from .whl does not import here: dropped"; \
+                 rm -rf /tmp/site/"$module" /tmp/site/"$module"-*; }
+    done
+else
+    export PYTHONPATH="$PWD"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+python3 -c "import torch, triton, transformers; print('# torch', torch.__version__, 'triton', \
+triton.__version__, 'transformers', transformers.__version__)"
+step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log
+    local limit=$1 name=$2; shift 2
+    echo "## $name"
+    local start=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 40 "$OUT/$name.log"
+    echo "## $name: exit $rc after $((SECONDS - start)) s"
+}
+step 170 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 120 \
+    --junitxml="$OUT/gpu_tests.xml"
+step 150 gpu_asm python3 benchmarks/gpu_asm.py --json "$OUT/gpu_asm.jsonl"
+[ "${SKIP_MI:-0}" = 1 ] || step 150 gpu_mi python3 benchmarks/gpu_mi_generate.py --json "$OUT/gpu_mi.jsonl"
+[ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda
+step 60 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
+step 60 gpu_asm_fla python3 benchmarks/gpu_asm.py --sections fla --json "$OUT/gpu_asm_fla.jsonl"
