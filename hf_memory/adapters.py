@@ -6,6 +6,19 @@ key and value are observable:
 - ``llama``, ``qwen2``: ``q_proj`` / ``k_proj`` / ``v_proj`` outputs, flat ``[B, T, H*D]``.
 - ``qwen3``, ``qwen3_moe``: ``q_norm`` / ``k_norm`` outputs ``[B, T, H, D]`` (per-head RMSNorm
   sits between the projection and RoPE), ``v_proj`` flat.
+- ``mistral``: as llama; its sliding window reaches the mixture through the attention mask the
+  stock model builds, so history beyond the window is masked while bank slots, which have no
+  position, stay visible.
+- ``granite``: as llama; its score scale (``attention_multiplier``) is the ``scaling`` the stock
+  attention passes, which the mixture uses for history and bank columns alike.
+- ``olmo2``: ``q_norm`` / ``k_norm`` outputs, flat ``[B, T, H*D]`` (RMSNorm over the whole
+  projection width, before the head split).
+
+The protocol an adapter fulfils: the decoder layers and each layer's attention module; modules
+whose outputs are the pre-RoPE query, key and value (flat or per head); the rotary embedding;
+and a stock attention function that receives the post-RoPE query, the cache's keys and values,
+the mask (causal, padding, window) and the score scale, so that the mixture scores banks and
+history alike.
 """
 
 from __future__ import annotations
@@ -65,6 +78,9 @@ _ADAPTERS = {
     "qwen2": ArchAdapter("qwen2", query_module="q_proj", key_module="k_proj"),
     "qwen3": ArchAdapter("qwen3", query_module="q_norm", key_module="k_norm"),
     "qwen3_moe": ArchAdapter("qwen3_moe", query_module="q_norm", key_module="k_norm"),
+    "mistral": ArchAdapter("mistral", query_module="q_proj", key_module="k_proj"),
+    "granite": ArchAdapter("granite", query_module="q_proj", key_module="k_proj"),
+    "olmo2": ArchAdapter("olmo2", query_module="q_norm", key_module="k_norm"),
 }
 SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
 

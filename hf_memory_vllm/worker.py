@@ -47,10 +47,11 @@ __all__ = ["BATCH", "WorkerSteering"]
 
 logger = logging.getLogger(__name__)
 
-# model_type → the module whose output is the pre-RoPE query ("qkv_proj": its query columns)
+# model_type → the module whose output is the pre-RoPE query ("qkv_proj": its query columns);
+# the architectures served steered by vLLM, a subset of those steer() supports
 QUERY_SOURCES = {"llama": "qkv_proj", "qwen2": "qkv_proj", "qwen3": "q_norm",
                  "qwen3_moe": "q_norm"}
-assert set(QUERY_SOURCES) == set(SUPPORTED_MODEL_TYPES)
+assert set(QUERY_SOURCES) <= set(SUPPORTED_MODEL_TYPES)
 
 # persistent-batch index → steering, kept by the logits processor of this worker
 BATCH: dict[int, SteeringRequest] = {}
@@ -113,7 +114,7 @@ class WorkerSteering:
         if model_type not in QUERY_SOURCES:
             raise UnsupportedModelError(
                 f"hf-memory steering is configured but model_type {model_type!r} has no adapter; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+                f"supported: {', '.join(QUERY_SOURCES)}")
         if vllm_config.speculative_config is not None:
             raise ValueError("hf-memory steering does not run with speculative decoding (vLLM "
                              "loads no custom logits processors there)")

@@ -67,8 +67,9 @@ def test_caa_vector_is_the_mean_residual_difference(default_model):
     torch.testing.assert_close(vectors.vectors[3].double(), expected / 2, rtol=1e-4, atol=1e-4)
 
 
-def test_caa_starts_after_the_instruction():
-    model = tiny_model("llama")
+@pytest.mark.parametrize("family", ["llama", "mistral", "granite", "olmo2"])
+def test_caa_starts_after_the_instruction(family):
+    model = tiny_model(family)
     vectors = CAAVectors({1: torch.randn(64, dtype=torch.float64)}, scale=3.0)
     ids = token_ids(1, 8)
     plain = model(ids).logits

@@ -197,8 +197,9 @@ def test_unnormalized_mixture_is_plain_concatenated_attention():
     torch.testing.assert_close(steered, expected, **TOL)
 
 
-def test_kv_group_unit_equals_its_query_heads():
-    model = tiny_model("qwen3_moe")
+@pytest.mark.parametrize("family", FAMILY_IDS)
+def test_kv_group_unit_equals_its_query_heads(family):
+    model = tiny_model(family)
     bank = [random_bank("t", "target", 5)]
     ids = token_ids()
     with steer(model, bank, units=[1], unit_type="kv_group") as handle:
@@ -215,7 +216,10 @@ def test_kv_group_unit_equals_its_query_heads():
 @pytest.mark.parametrize("family, rope", [(f, None) for f in FAMILY_IDS] + [("llama", YARN)],
                          ids=[*FAMILY_IDS, "llama-yarn-scaled-rope"])
 def test_prefix_bank_at_its_positions_reproduces_the_full_sequence(family, rope):
-    model = tiny_model(family, **({"rope_parameters": rope} if rope else {}))
+    overrides = {"rope_parameters": rope} if rope else {}
+    if family == "mistral":  # bank slots ignore the window: the full pass must fit inside it
+        overrides["sliding_window"] = 64
+    model = tiny_model(family, **overrides)
     prefix, suffix = token_ids(1, 7, seed=3), token_ids(1, 5, seed=4)
     full = model(torch.cat([prefix, suffix], dim=1)).logits[:, prefix.shape[1]:]
     keys, values = capture_kv(model, prefix, range(LAYERS))
@@ -379,7 +383,8 @@ def test_routing_mass_is_recorded_and_sums_to_one():
 
 def test_unsupported_architecture_is_named():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
-    with pytest.raises(UnsupportedModelError, match="'gpt2'.*llama, qwen2, qwen3, qwen3_moe"):
+    with pytest.raises(UnsupportedModelError,
+                       match="'gpt2'.*llama, qwen2, qwen3, qwen3_moe, mistral, granite, olmo2"):
         steer(model, [])
 
 

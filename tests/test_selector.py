@@ -83,8 +83,9 @@ def tiny_calibration(model, **kwargs):
                               chat_template=False, progress=False, **kwargs)
 
 
-def test_calibration_shapes_units_and_determinism():
-    model = tiny_model("qwen3_moe")
+@pytest.mark.parametrize("family", ["qwen3_moe", "mistral", "granite", "olmo2"])
+def test_calibration_shapes_units_and_determinism(family):
+    model = tiny_model(family)
     selector = tiny_calibration(model, top_layers=2, top_units=1)
     assert selector.unit_type == "kv_group"  # grouped-query model: auto picks KV groups
     assert len(selector.layers) == 2 and selector.layers == sorted(selector.layers)

@@ -51,7 +51,7 @@ def assert_rows_as_uniform(model, rows, steered_by):
     return mixed, plain, uniform
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "mistral", "granite", "olmo2"])
 def test_each_row_equals_its_banks_over_the_batch_and_plain_rows_are_bit_identical(family):
     model = tiny_model(family)
     rows = row_sets()

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -26,6 +32,15 @@ FAMILIES = {
                   {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                    "decoder_sparse_step": 1, "mlp_only_layers": [],
                    "experts_implementation": "eager"}),  # grouped_mm has no float64
+    # a window shorter than the tests' prompts: the history beyond it is masked, banks are not
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 5}),
+    # the score scale is attention_multiplier, not 1/sqrt(D); embedding, residual and logit
+    # multipliers sit outside attention
+    "granite": (GraniteConfig, GraniteForCausalLM,
+                {"attention_multiplier": 0.3, "embedding_multiplier": 2.0,
+                 "residual_multiplier": 0.5, "logits_scaling": 2.0}),
+    # q/k RMSNorm over the whole projection width, before the head split
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM, {}),
 }
 
 
