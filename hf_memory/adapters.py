@@ -13,6 +13,10 @@ key and value are observable:
   attention passes, which the mixture uses for history and bank columns alike.
 - ``olmo2``: ``q_norm`` / ``k_norm`` outputs, flat ``[B, T, H*D]`` (RMSNorm over the whole
   projection width, before the head split).
+- ``gemma2``: as llama for the observables; its scores are scaled by ``query_pre_attn_scalar``
+  (the ``scaling`` passed) and soft-capped (the ``softcap`` passed), and the mixture caps bank
+  scores the same way; sliding and global layers reach it through the mask. Its eager
+  attention is the one that caps (SDPA does not).
 
 The protocol an adapter fulfils: the decoder layers and each layer's attention module; modules
 whose outputs are the pre-RoPE query, key and value (flat or per head); the rotary embedding;
@@ -81,6 +85,7 @@ _ADAPTERS = {
     "mistral": ArchAdapter("mistral", query_module="q_proj", key_module="k_proj"),
     "granite": ArchAdapter("granite", query_module="q_proj", key_module="k_proj"),
     "olmo2": ArchAdapter("olmo2", query_module="q_norm", key_module="k_norm"),
+    "gemma2": ArchAdapter("gemma2", query_module="q_proj", key_module="k_proj"),
 }
 SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
 

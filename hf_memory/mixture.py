@@ -132,6 +132,11 @@ def visible_keys(
     return mask > torch.finfo(mask.dtype).min / 2
 
 
+def _capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Attention logit soft-capping (``softcap · tanh(s / softcap)``); None leaves scores."""
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
 def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """``[B, H, T, D]`` → ``[B, KVH, G, T, D]`` (a view)."""
     b, h, t, d = x.shape
@@ -150,6 +155,7 @@ def bank_mixture(
     gamma: float = 1.0,
     size_normalize: bool = True,
     with_routing: bool = False,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Steered attention output for every query head, in the banks' compute dtype.
 
@@ -169,6 +175,9 @@ def bank_mixture(
         size_normalize: subtract log T_t from the prompt evidence (eq. 9); the banks' −log M_b
             is part of ``stack.bias``.
         with_routing: also return the routing masses π.
+        softcap: the model's attention logit soft-cap (Gemma 2): every scaled score ``s``, of
+            history and bank slots alike, becomes ``softcap · tanh(s / softcap)`` before masks
+            and biases, as the stock attention caps the prompt's.
 
     Returns:
         ``(output [B, H, T, D], routing [B, H, T, 1 + n_banks] or None)``: column 0 of the
@@ -178,7 +187,7 @@ def bank_mixture(
     batch, heads, q_len, _ = q_post.shape
     dtype = stack.keys.dtype
     qx = _grouped(q_post.to(dtype), kv_heads) * scaling
-    prompt = qx @ key.to(dtype)[:, :, None].transpose(-1, -2)
+    prompt = _capped(qx @ key.to(dtype)[:, :, None].transpose(-1, -2), softcap)
     if visible is None:
         if size_normalize:
             prompt = prompt - math.log(key.shape[2])
@@ -198,6 +207,7 @@ def bank_mixture(
             raw = torch.where(stack.post_columns, qx @ slot_keys, raw)
     else:
         raw = qx @ slot_keys
+    raw = _capped(raw, softcap)
     slots = raw + stack.bias
     if stack.gate is not None:
         target, reference, target_gain, reference_gain, log_target, log_reference = stack.gate

@@ -115,14 +115,16 @@ def _steered_attention(base_name: str):
                 seen = visible if visible is None or visible.shape[0] == 1 else visible[rows]
                 mixed, _ = bank_mixture(
                     q_pre[rows], query[rows], key[rows], value[rows], seen, site.stack,
-                    scaling=scaling, gamma=site.gamma, size_normalize=site.size_normalize)
+                    scaling=scaling, gamma=site.gamma, size_normalize=site.size_normalize,
+                    softcap=kwargs.get("softcap"))
                 part = output[rows]
                 _write_steered(part, mixed, site)
                 output[rows] = part
             return output, weights
         mixed, routing = bank_mixture(
             q_pre, query, key, value, visible, site.stack, scaling=scaling, gamma=site.gamma,
-            size_normalize=site.size_normalize, with_routing=site.record_routing)
+            size_normalize=site.size_normalize, with_routing=site.record_routing,
+            softcap=kwargs.get("softcap"))
         if site.record_routing:
             site.routing.append(routing[:, site.heads].detach())
         if site.trace_only:

@@ -83,6 +83,8 @@ def tiny_calibration(model, **kwargs):
                               chat_template=False, progress=False, **kwargs)
 
 
+# not gemma2: calibration batches are left-padded, and in float64 its stock attention returns
+# NaN on padded rows (tests/test_steering_rows.py says why)
 @pytest.mark.parametrize("family", ["qwen3_moe", "mistral", "granite", "olmo2"])
 def test_calibration_shapes_units_and_determinism(family):
     model = tiny_model(family)

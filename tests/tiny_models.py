@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
     LlamaConfig,
@@ -41,15 +43,22 @@ FAMILIES = {
                  "residual_multiplier": 0.5, "logits_scaling": 2.0}),
     # q/k RMSNorm over the whole projection width, before the head split
     "olmo2": (Olmo2Config, Olmo2ForCausalLM, {}),
+    # logit soft-capping (tight, so that it bites), query_pre_attn_scalar as the score scale,
+    # sliding and global layers alternating
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM,
+               {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 30.0,
+                "query_pre_attn_scalar": 24, "sliding_window": 5}),
 }
+# the stock attention that honours each family's score transformation (SDPA has no soft-cap)
+DEFAULT_ATTENTION = {"gemma2": "eager"}
 
 
 def tiny_model(family: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,
-               attn: str = "sdpa", **overrides):
+               attn: str | None = None, **overrides):
     """A tiny ``family`` model in eval mode: 3 layers, 4 query heads, 2 KV heads, head_dim 16."""
     config_class, model_class, extra = FAMILIES[family]
     config = config_class(**{**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = model_class(config).to(dtype).eval()
-    model.set_attn_implementation(attn)
+    model.set_attn_implementation(attn or DEFAULT_ATTENTION.get(family, "sdpa"))
     return model
