@@ -6,9 +6,9 @@ key and value are observable:
 - ``llama``, ``qwen2``: ``q_proj`` / ``k_proj`` / ``v_proj`` outputs, flat ``[B, T, H*D]``.
 - ``qwen3``, ``qwen3_moe``: ``q_norm`` / ``k_norm`` outputs ``[B, T, H, D]`` (per-head RMSNorm
   sits between the projection and RoPE), ``v_proj`` flat.
-- ``mistral``: as llama; its sliding window reaches the mixture through the attention mask the
-  stock model builds, so history beyond the window is masked while bank slots, which have no
-  position, stay visible.
+- ``mistral``, ``mixtral`` (its experts sit outside attention): as llama; the sliding window
+  reaches the mixture through the attention mask the stock model builds, so history beyond the
+  window is masked while bank slots, which have no position, stay visible.
 - ``granite``: as llama; its score scale (``attention_multiplier``) is the ``scaling`` the stock
   attention passes, which the mixture uses for history and bank columns alike.
 - ``olmo2``: ``q_norm`` / ``k_norm`` outputs, flat ``[B, T, H*D]`` (RMSNorm over the whole
@@ -83,6 +83,7 @@ _ADAPTERS = {
     "qwen3": ArchAdapter("qwen3", query_module="q_norm", key_module="k_norm"),
     "qwen3_moe": ArchAdapter("qwen3_moe", query_module="q_norm", key_module="k_norm"),
     "mistral": ArchAdapter("mistral", query_module="q_proj", key_module="k_proj"),
+    "mixtral": ArchAdapter("mixtral", query_module="q_proj", key_module="k_proj"),
     "granite": ArchAdapter("granite", query_module="q_proj", key_module="k_proj"),
     "olmo2": ArchAdapter("olmo2", query_module="q_norm", key_module="k_norm"),
     "gemma2": ArchAdapter("gemma2", query_module="q_proj", key_module="k_proj"),

@@ -12,6 +12,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
     Qwen2Config,
@@ -36,6 +38,9 @@ FAMILIES = {
                    "experts_implementation": "eager"}),  # grouped_mm has no float64
     # a window shorter than the tests' prompts: the history beyond it is masked, banks are not
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 5}),
+    "mixtral": (MixtralConfig, MixtralForCausalLM,
+                {"sliding_window": 5, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "experts_implementation": "eager"}),
     # the score scale is attention_multiplier, not 1/sqrt(D); embedding, residual and logit
     # multipliers sit outside attention
     "granite": (GraniteConfig, GraniteForCausalLM,
