@@ -17,6 +17,8 @@ key and value are observable:
   (the ``scaling`` passed) and soft-capped (the ``softcap`` passed), and the mixture caps bank
   scores the same way; sliding and global layers reach it through the mask. Its eager
   attention is the one that caps (SDPA does not).
+- ``phi3``: one fused ``qkv_proj``; the pre-RoPE query, key and value are its column blocks
+  ``[H*D | KVH*D | KVH*D]``.
 
 The protocol an adapter fulfils: the decoder layers and each layer's attention module; modules
 whose outputs are the pre-RoPE query, key and value (flat or per head); the rotary embedding;
@@ -54,6 +56,7 @@ class ArchAdapter:
     query_module: str
     key_module: str
     value_module: str = "v_proj"
+    fused_qkv: bool = False  # one projection's output holds [query | key | value] columns
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         """The decoder layers (``model.model.layers`` for a ``*ForCausalLM``)."""
@@ -76,6 +79,38 @@ class ArchAdapter:
             captured = captured.view(*captured.shape[:2], -1, head_dim)
         return captured.transpose(1, 2)
 
+    def _part(self, captured: torch.Tensor, config, part: int) -> torch.Tensor:
+        """Part ``part`` (0 query, 1 key, 2 value) of a captured output as ``[B, H, T, D]``."""
+        width = head_dim(config)
+        if self.fused_qkv:
+            q = config.num_attention_heads * width
+            kv = config.num_key_value_heads * width
+            start, end = ((0, q), (q, q + kv), (q + kv, q + 2 * kv))[part]
+            captured = captured[..., start:end]
+        return self.heads(captured, width)
+
+    def key_weight(self, model: nn.Module, layer: int) -> torch.Tensor:
+        """The key projection's weight ``[KVH*D, hidden]`` (the key rows of a fused one)."""
+        attention = self.attention(model, layer)
+        if not self.fused_qkv:
+            return attention.k_proj.weight
+        config = model.config
+        width = head_dim(config)
+        start = config.num_attention_heads * width
+        return attention.qkv_proj.weight[start:start + config.num_key_value_heads * width]
+
+    def query(self, captured: torch.Tensor, config) -> torch.Tensor:
+        """The pre-RoPE query ``[B, H, T, D]`` from the output of ``query_module``."""
+        return self._part(captured, config, 0)
+
+    def key(self, captured: torch.Tensor, config) -> torch.Tensor:
+        """The pre-RoPE key ``[B, KVH, T, D]`` from the output of ``key_module``."""
+        return self._part(captured, config, 1)
+
+    def value(self, captured: torch.Tensor, config) -> torch.Tensor:
+        """The value ``[B, KVH, T, D]`` from the output of ``value_module``."""
+        return self._part(captured, config, 2)
+
 
 _ADAPTERS = {
     "llama": ArchAdapter("llama", query_module="q_proj", key_module="k_proj"),
@@ -87,6 +122,8 @@ _ADAPTERS = {
     "granite": ArchAdapter("granite", query_module="q_proj", key_module="k_proj"),
     "olmo2": ArchAdapter("olmo2", query_module="q_norm", key_module="k_norm"),
     "gemma2": ArchAdapter("gemma2", query_module="q_proj", key_module="k_proj"),
+    "phi3": ArchAdapter("phi3", query_module="qkv_proj", key_module="qkv_proj",
+                        value_module="qkv_proj", fused_qkv=True),
 }
 SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .adapters import get_adapter, head_dim
+from .adapters import get_adapter
 
 __all__ = ["capture_kv", "capture_outputs"]
 
@@ -42,13 +42,12 @@ def capture_kv(
     v = W_V·Norm(h). Returns ``(keys, values)``, each ``[len(layers), B, KVH, T, D]``.
     """
     adapter = get_adapter(model)
-    width = head_dim(model.config)
     modules = {}
     for layer in layers:
         modules[f"k{layer}"] = adapter.submodule(model, layer, adapter.key_module)
         modules[f"v{layer}"] = adapter.submodule(model, layer, adapter.value_module)
     with capture_outputs(modules) as store:
         model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    keys = torch.stack([adapter.heads(store[f"k{layer}"], width) for layer in layers])
-    values = torch.stack([adapter.heads(store[f"v{layer}"], width) for layer in layers])
+    keys = torch.stack([adapter.key(store[f"k{layer}"], model.config) for layer in layers])
+    values = torch.stack([adapter.value(store[f"v{layer}"], model.config) for layer in layers])
     return keys, values

@@ -34,9 +34,9 @@ def weights_digest(key_weights: list[torch.Tensor]) -> str:
 
 
 def _weights_digest(model: nn.Module) -> str:
-    layers = get_adapter(model).layers(model)
-    return weights_digest([layers[index].self_attn.k_proj.weight
-                           for index in sorted({0, len(layers) - 1})])
+    adapter = get_adapter(model)
+    last = len(adapter.layers(model)) - 1
+    return weights_digest([adapter.key_weight(model, index) for index in sorted({0, last})])
 
 
 def fingerprint_of(config, *, dtype: str, digest: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from .adapters import get_adapter, head_dim
+from .adapters import get_adapter
 from .atomic_files import write_json, write_safetensors, write_text
 from .bank_set import BankSet
 from .capture import capture_outputs
@@ -231,8 +231,7 @@ class Selector:
         if missing or not candidates:
             raise ValueError(f"candidate layers {missing or candidates} are not covered by both "
                              "the target and the reference bank")
-        heads, kv_heads, width = (config.num_attention_heads, config.num_key_value_heads,
-                                  head_dim(config))
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         group = heads // kv_heads
         device = next(model.parameters()).device
         target_col, reference_col = 1 + roles.index("target"), 1 + roles.index("reference")
@@ -270,8 +269,9 @@ class Selector:
                     routing = handle.routing()
                 weights = valid[:, None, :].to(torch.float64)
                 for row, layer in enumerate(candidates):
-                    q = adapter.heads(captured[f"q{layer}"], width).to(torch.float64)
-                    margin = alignment_margin(q, *bank_keys[layer], scale=width ** -0.5)
+                    q = adapter.query(captured[f"q{layer}"], model.config).to(torch.float64)
+                    margin = alignment_margin(q, *bank_keys[layer],
+                                              scale=adapter.attention(model, layer).scaling)
                     (pi,) = routing[layer]
                     pi = pi.to(torch.float64)
                     for name, value in (("alignment", margin), ("target_mass", pi[..., target_col]),

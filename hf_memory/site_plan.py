@@ -55,7 +55,8 @@ def prepare_bank(bank: MemoryBank, row: int, rotary: nn.Module, device, dtype) -
         keys = keys * scale**2
     else:
         cos, sin = rotary(keys, offsets.to(device=device)[None])
-        keys = keys * cos[0] + _rotate_half(keys) * sin[0]
+        turned, kept = keys[..., :cos.shape[-1]], keys[..., cos.shape[-1]:]  # partial rotary
+        keys = torch.cat([turned * cos[0] + _rotate_half(turned) * sin[0], kept], dim=-1)
         if bank.positions is None:
             keys = keys * scale
     return PreparedBank(bank.role, keys, values, bank.gain,

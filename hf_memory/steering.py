@@ -221,7 +221,7 @@ class _CallSteering:
         if self._groups(attention):
             if not hasattr(self._queries, "by_module"):
                 self._queries.by_module = {}
-            self._queries.by_module[attention] = self.adapter.heads(output, width)
+            self._queries.by_module[attention] = self.adapter.query(output, self.model.config)
 
     def _take_query(self, attention: nn.Module) -> torch.Tensor | None:
         return getattr(self._queries, "by_module", {}).pop(attention, None)

@@ -95,8 +95,7 @@ class ConcatReference:
         layer = module.layer_idx
         if layer not in self.sites:
             return plain, None
-        q_pre = self.queries[layer]
-        q_pre = (q_pre.view(b, t, h, d) if q_pre.dim() == 3 else q_pre).transpose(1, 2)
+        q_pre = get_adapter(self.model).query(self.queries[layer], self.model.config)
         count = visible.sum(-1, keepdim=True).to(scores.dtype).expand(b, h, t, 1)
         columns = [scores - (count.log() if self.size_normalize else 0)]
         values = [value]
@@ -396,7 +395,7 @@ def test_routing_mass_is_recorded_and_sums_to_one():
 
 def test_unsupported_architecture_is_named():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
-    supported = "llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, granite, olmo2, gemma2"
+    supported = "llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, granite, olmo2, gemma2, phi3"
     with pytest.raises(UnsupportedModelError, match=f"'gpt2'.*{supported}"):
         steer(model, [])
 

@@ -16,6 +16,8 @@ from transformers import (
     MixtralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -53,6 +55,8 @@ FAMILIES = {
     "gemma2": (Gemma2Config, Gemma2ForCausalLM,
                {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 30.0,
                 "query_pre_attn_scalar": 24, "sliding_window": 5}),
+    # one fused qkv projection; partial rotary (half of each head rotated)
+    "phi3": (Phi3Config, Phi3ForCausalLM, {"partial_rotary_factor": 0.5}),
 }
 # the stock attention that honours each family's score transformation (SDPA has no soft-cap)
 DEFAULT_ATTENTION = {"gemma2": "eager"}
