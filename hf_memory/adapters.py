@@ -19,6 +19,9 @@ key and value are observable:
   attention is the one that caps (SDPA does not).
 - ``phi3``: one fused ``qkv_proj``; the pre-RoPE query, key and value are its column blocks
   ``[H*D | KVH*D | KVH*D]``.
+- ``gemma3_text``: ``q_norm`` / ``k_norm`` outputs ``[B, H, T, D]`` (per-head RMSNorm after the
+  head transpose), scale ``query_pre_attn_scalar``; local and global layers have their own
+  rotary map (``rotary(model, layer)``) and reach the mixture's mask as in gemma2.
 
 The protocol an adapter fulfils: the decoder layers and each layer's attention module; modules
 whose outputs are the pre-RoPE query, key and value (flat or per head); the rotary embedding;
@@ -29,6 +32,9 @@ history alike.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +63,7 @@ class ArchAdapter:
     key_module: str
     value_module: str = "v_proj"
     fused_qkv: bool = False  # one projection's output holds [query | key | value] columns
+    heads_first: bool = False  # query/key modules output [B, H, T, D] (norm after the transpose)
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         """The decoder layers (``model.model.layers`` for a ``*ForCausalLM``)."""
@@ -66,8 +73,13 @@ class ArchAdapter:
     def attention(self, model: nn.Module, layer: int) -> nn.Module:
         return self.layers(model)[layer].self_attn
 
-    def rotary(self, model: nn.Module) -> nn.Module:
-        return getattr(model, "model", model).rotary_emb
+    def rotary(self, model: nn.Module, layer: int) -> Callable:
+        """Layer ``layer``'s rotary map ``(x, position_ids) -> (cos, sin)``."""
+        module = getattr(model, "model", model).rotary_emb
+        layer_types = getattr(model.config, "layer_types", None)
+        if "layer_type" in inspect.signature(module.forward).parameters and layer_types:
+            return functools.partial(module, layer_type=layer_types[layer])  # local / global
+        return module
 
     def submodule(self, model: nn.Module, layer: int, name: str) -> nn.Module:
         return getattr(self.attention(model, layer), name)
@@ -82,6 +94,8 @@ class ArchAdapter:
     def _part(self, captured: torch.Tensor, config, part: int) -> torch.Tensor:
         """Part ``part`` (0 query, 1 key, 2 value) of a captured output as ``[B, H, T, D]``."""
         width = head_dim(config)
+        if self.heads_first and part < 2:
+            return captured
         if self.fused_qkv:
             q = config.num_attention_heads * width
             kv = config.num_key_value_heads * width
@@ -124,6 +138,8 @@ _ADAPTERS = {
     "gemma2": ArchAdapter("gemma2", query_module="q_proj", key_module="k_proj"),
     "phi3": ArchAdapter("phi3", query_module="qkv_proj", key_module="qkv_proj",
                         value_module="qkv_proj", fused_qkv=True),
+    "gemma3_text": ArchAdapter("gemma3_text", query_module="q_norm", key_module="k_norm",
+                               heads_first=True),
 }
 SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
 

@@ -7,11 +7,10 @@ into :class:`SitePlan` objects, so the two compute the same mixture from the sam
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from .bank_set import BankSet
 from .banks import MemoryBank
@@ -35,7 +34,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def prepare_bank(bank: MemoryBank, row: int, rotary: nn.Module, device, dtype) -> PreparedBank:
+def prepare_bank(bank: MemoryBank, row: int, rotary: Callable, device, dtype) -> PreparedBank:
     """Scoring keys for one bank at one layer: canonical, or rotated by phase / position.
 
     The rotary map of the model multiplies queries and keys by its ``attention_scaling`` a, so
@@ -103,7 +102,7 @@ def plan_sites(
     bank_set: BankSet,
     *,
     config,
-    rotary: nn.Module,
+    rotary: Callable[[int], Callable],
     device: torch.device | str,
     dtype: torch.dtype,
     layers: Sequence[int] | None = None,
@@ -114,7 +113,8 @@ def plan_sites(
     size_normalize: bool | None = None,
 ) -> dict[int, SitePlan]:
     """Plan every steered layer of a model with ``config`` (see :class:`SteeringHandle` for the
-    meaning and defaults of the site arguments); banks are prepared in ``dtype`` on ``device``.
+    meaning and defaults of the site arguments); banks are prepared in ``dtype`` on ``device``,
+    with ``rotary(layer)``, the layer's rotary map.
     """
     if unit_type not in ("head", "kv_group"):
         raise ValueError(f"unit_type must be 'head' or 'kv_group', got {unit_type!r}")
@@ -122,7 +122,7 @@ def plan_sites(
     normalize = bank_set.size_normalize if size_normalize is None else bool(size_normalize)
     plans = {}
     for layer, heads in _site_heads(bank_set, config, layers, units, unit_type).items():
-        prepared = [prepare_bank(bank, bank.layer_index(layer), rotary, device, dtype)
+        prepared = [prepare_bank(bank, bank.layer_index(layer), rotary(layer), device, dtype)
                     for bank in bank_set.banks if bank.layer_index(layer) is not None]
         rho = float(gains.get(layer, gains.get(str(layer), 1.0)))
         plans[layer] = SitePlan(

@@ -16,6 +16,7 @@ the first handle on a model installs it and the last one removed takes it away.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -341,7 +342,8 @@ class SteeringHandle(_CallSteering):
         gamma, normalize = self._overrides
         parameter = next(self.model.parameters())
         plans = plan_sites(
-            bank_set, config=self.model.config, rotary=self.adapter.rotary(self.model),
+            bank_set, config=self.model.config,
+            rotary=functools.partial(self.adapter.rotary, self.model),
             device=parameter.device, dtype=torch.promote_types(parameter.dtype, torch.float32),
             layers=layers, units=units, unit_type=unit_type, layer_gains=gains, gamma=gamma,
             size_normalize=normalize)

@@ -221,7 +221,8 @@ class WorkerSteering:
             site_args["layer_gains"] = {layer: request.scale * float(base.get(layer, 1.0))
                                         for layer in layers}
         parameter = next(self.model.parameters())
-        plans = plan_sites(bank_set, config=self.hf_config, rotary=_rotary(self.hf_config),
+        rotary = _rotary(self.hf_config)
+        plans = plan_sites(bank_set, config=self.hf_config, rotary=lambda _layer: rotary,
                            device=parameter.device,
                            dtype=torch.promote_types(parameter.dtype, torch.float32),
                            **site_args)

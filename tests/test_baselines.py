@@ -67,7 +67,8 @@ def test_caa_vector_is_the_mean_residual_difference(default_model):
     torch.testing.assert_close(vectors.vectors[3].double(), expected / 2, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "granite", "olmo2", "gemma2", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "granite", "olmo2", "gemma2", "phi3",
+                                    "gemma3_text"])
 def test_caa_starts_after_the_instruction(family):
     model = tiny_model(family)
     vectors = CAAVectors({1: torch.randn(64, dtype=torch.float64)}, scale=3.0)

@@ -227,8 +227,8 @@ def test_kv_group_unit_equals_its_query_heads(family):
                          ids=[*FAMILY_IDS, "llama-yarn-scaled-rope"])
 def test_prefix_bank_at_its_positions_reproduces_the_full_sequence(family, rope):
     overrides = {"rope_parameters": rope} if rope else {}
-    if family in ("mistral", "mixtral", "gemma2"):  # slots ignore the window: fit the pass in it
-        overrides["sliding_window"] = 64
+    if family in ("mistral", "mixtral", "gemma2", "gemma3_text"):
+        overrides["sliding_window"] = 64  # slots ignore the window: fit the whole pass in it
     model = tiny_model(family, **overrides)
     prefix, suffix = token_ids(1, 7, seed=3), token_ids(1, 5, seed=4)
     full = model(torch.cat([prefix, suffix], dim=1)).logits[:, prefix.shape[1]:]
@@ -395,7 +395,8 @@ def test_routing_mass_is_recorded_and_sums_to_one():
 
 def test_unsupported_architecture_is_named():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
-    supported = "llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, granite, olmo2, gemma2, phi3"
+    supported = ("llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, granite, olmo2, gemma2, phi3, "
+                 "gemma3_text")
     with pytest.raises(UnsupportedModelError, match=f"'gpt2'.*{supported}"):
         steer(model, [])
 

@@ -85,7 +85,8 @@ def tiny_calibration(model, **kwargs):
 
 # not gemma2: calibration batches are left-padded, and in float64 its stock attention returns
 # NaN on padded rows (tests/test_steering_rows.py says why)
-@pytest.mark.parametrize("family", ["qwen3_moe", "mistral", "granite", "olmo2", "phi3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mistral", "granite", "olmo2", "phi3",
+                                    "gemma3_text"])
 def test_calibration_shapes_units_and_determinism(family):
     model = tiny_model(family)
     selector = tiny_calibration(model, top_layers=2, top_units=1)

@@ -54,7 +54,7 @@ def assert_rows_as_uniform(model, rows, steered_by):
 # not gemma2: in a float64 model its stock eager attention casts the padding mask's float64
 # minimum to float32 (-inf), so the plain model itself returns NaN on left-padded rows
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "mistral", "granite", "olmo2",
-                                    "phi3"])
+                                    "phi3", "gemma3_text"])
 def test_each_row_equals_its_banks_over_the_batch_and_plain_rows_are_bit_identical(family):
     model = tiny_model(family)
     rows = row_sets()

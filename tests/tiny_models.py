@@ -6,6 +6,8 @@ import torch
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GraniteConfig,
     GraniteForCausalLM,
     LlamaConfig,
@@ -57,6 +59,11 @@ FAMILIES = {
                 "query_pre_attn_scalar": 24, "sliding_window": 5}),
     # one fused qkv projection; partial rotary (half of each head rotated)
     "phi3": (Phi3Config, Phi3ForCausalLM, {"partial_rotary_factor": 0.5}),
+    # per-head q/k norm after the head transpose; local (sliding) and global layers with their
+    # own rotary maps
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM,
+                    {"query_pre_attn_scalar": 24, "sliding_window": 5,
+                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
 }
 # the stock attention that honours each family's score transformation (SDPA has no soft-cap)
 DEFAULT_ATTENTION = {"gemma2": "eager"}
