@@ -10,7 +10,8 @@ key and value are observable:
   reaches the mixture through the attention mask the stock model builds, so history beyond the
   window is masked while bank slots, which have no position, stay visible.
 - ``granite``: as llama; its score scale (``attention_multiplier``) is the ``scaling`` the stock
-  attention passes, which the mixture uses for history and bank columns alike.
+  attention passes, which the mixture uses for history and bank columns alike; the attention
+  output joins the residual stream times ``residual_multiplier``.
 - ``olmo2``: ``q_norm`` / ``k_norm`` outputs, flat ``[B, T, H*D]`` (RMSNorm over the whole
   projection width, before the head split).
 - ``gemma2``: as llama for the observables; its scores are scaled by ``query_pre_attn_scalar``
@@ -24,7 +25,10 @@ key and value are observable:
   rotary map (``rotary(model, layer)``) and reach the mixture's mask as in gemma2.
 
 The protocol an adapter fulfils: the decoder layers and each layer's attention module; modules
-whose outputs are the pre-RoPE query, key and value (flat or per head); the rotary embedding;
+whose outputs are the pre-RoPE query, key and value (flat or per head); the rotary map of each
+layer; where the residual stream right after attention can be read and written (CAA: OLMo-2 and
+Gemma put a norm on the attention output before the residual add, so the write point is that
+norm and the read point the next module);
 and a stock attention function that receives the post-RoPE query, the cache's keys and values,
 the mask (causal, padding, window) and the score scale, so that the mixture scores banks and
 history alike.
@@ -64,6 +68,12 @@ class ArchAdapter:
     value_module: str = "v_proj"
     fused_qkv: bool = False  # one projection's output holds [query | key | value] columns
     heads_first: bool = False  # query/key modules output [B, H, T, D] (norm after the transpose)
+    # a norm sits on the attention output before it joins the residual (OLMo-2, Gemma 2/3)
+    post_norm: bool = False
+    # the decoder-layer module whose input is the residual stream right after attention
+    residual_reader: str = "post_attention_layernorm"
+    # branches join the residual stream multiplied by this config field (Granite)
+    residual_multiplier: str | None = None
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
         """The decoder layers (``model.model.layers`` for a ``*ForCausalLM``)."""
@@ -80,6 +90,22 @@ class ArchAdapter:
         if "layer_type" in inspect.signature(module.forward).parameters and layer_types:
             return functools.partial(module, layer_type=layer_types[layer])  # local / global
         return module
+
+    def residual_read(self, model: nn.Module, layer: int) -> nn.Module:
+        """The module whose first input is the residual stream right after attention."""
+        return getattr(self.layers(model)[layer], self.residual_reader)
+
+    def residual_write(self, model: nn.Module, layer: int) -> nn.Module:
+        """The module whose output joins the residual stream right after attention: the
+        attention itself, or the norm on its output in a post-norm layer."""
+        if self.post_norm:
+            return self.layers(model)[layer].post_attention_layernorm
+        return self.attention(model, layer)
+
+    def residual_gain(self, model: nn.Module) -> float:
+        """What the output of :meth:`residual_write` is multiplied by as it joins the stream."""
+        return 1.0 if self.residual_multiplier is None else float(
+            getattr(model.config, self.residual_multiplier))
 
     def submodule(self, model: nn.Module, layer: int, name: str) -> nn.Module:
         return getattr(self.attention(model, layer), name)
@@ -133,13 +159,17 @@ _ADAPTERS = {
     "qwen3_moe": ArchAdapter("qwen3_moe", query_module="q_norm", key_module="k_norm"),
     "mistral": ArchAdapter("mistral", query_module="q_proj", key_module="k_proj"),
     "mixtral": ArchAdapter("mixtral", query_module="q_proj", key_module="k_proj"),
-    "granite": ArchAdapter("granite", query_module="q_proj", key_module="k_proj"),
-    "olmo2": ArchAdapter("olmo2", query_module="q_norm", key_module="k_norm"),
-    "gemma2": ArchAdapter("gemma2", query_module="q_proj", key_module="k_proj"),
+    "granite": ArchAdapter("granite", query_module="q_proj", key_module="k_proj",
+                           residual_multiplier="residual_multiplier"),
+    "olmo2": ArchAdapter("olmo2", query_module="q_norm", key_module="k_norm", post_norm=True,
+                         residual_reader="mlp"),
+    "gemma2": ArchAdapter("gemma2", query_module="q_proj", key_module="k_proj", post_norm=True,
+                          residual_reader="pre_feedforward_layernorm"),
     "phi3": ArchAdapter("phi3", query_module="qkv_proj", key_module="qkv_proj",
                         value_module="qkv_proj", fused_qkv=True),
     "gemma3_text": ArchAdapter("gemma3_text", query_module="q_norm", key_module="k_norm",
-                               heads_first=True),
+                               heads_first=True, post_norm=True,
+                               residual_reader="pre_feedforward_layernorm"),
 }
 SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
 

@@ -1,12 +1,14 @@
 """Contrastive activation addition (CAA), the residual-steering baseline of the paper (section 4).
 
 Extraction: run each (positive, negative) text pair through the frozen model and record the
-residual stream right after attention at layer ℓ — the input of ``post_attention_layernorm``,
-h + Attn(h) — averaged over the text's tokens (or its last token). The vector is the mean of
-positive minus negative over pairs.
+residual stream right after attention at layer ℓ — h + Attn(h), the input of
+``post_attention_layernorm`` (h + Norm(Attn(h)) in the post-norm OLMo-2 and Gemma, the input of
+the next module: see the adapters) — averaged over the text's tokens (or its last token). The
+vector is the mean of positive minus negative over pairs.
 
-Application: ``scale · v`` is added to the attention output of layer ℓ (post-attention, before it
-rejoins the residual stream — the same point it was read at) at every position from
+Application: ``scale · v`` is added to what joins the residual stream after attention at layer ℓ
+(the attention output, or the norm on it in a post-norm layer — so the stream read at extraction
+moves by exactly ``scale · v``) at every position from
 ``start_position`` on (one for the batch, or one per row), generated tokens included. Positions
 count from the start of the cached sequence, so a prompt of length P with ``start_position=P``
 steers the generated tokens only.
@@ -75,7 +77,7 @@ class CAAVectors:
         layers = sorted({int(i) for i in layers})
         if not layers or not all(0 <= i < num_layers for i in layers):
             raise ValueError(f"layers must be indices in [0, {num_layers}), got {layers}")
-        norms = {str(i): adapter.layers(model)[i].post_attention_layernorm for i in layers}
+        norms = {str(i): adapter.residual_read(model, i) for i in layers}
         device = next(model.parameters()).device
 
         def residuals(text: str) -> dict[int, torch.Tensor]:
@@ -182,10 +184,11 @@ class CAAHandle:
         adapter = get_adapter(model)
         parameter = next(model.parameters())
         self._hooks = [model.register_forward_pre_hook(self._track_position, with_kwargs=True)]
+        gain = adapter.residual_gain(model)  # the stream moves by exactly scale · v
         for layer, vector in vectors.vectors.items():
-            delta = (self.scale * vector).to(device=parameter.device, dtype=parameter.dtype)
-            attention = adapter.attention(model, layer)
-            self._hooks.append(attention.register_forward_hook(
+            delta = (self.scale * vector / gain).to(device=parameter.device,
+                                                    dtype=parameter.dtype)
+            self._hooks.append(adapter.residual_write(model, layer).register_forward_hook(
                 lambda _m, _args, output, delta=delta: self._add(output, delta)))
         self._removed = False
         self._token = _ACTIVE_CAA.set((*_ACTIVE_CAA.get(), self)) if active else None
@@ -198,7 +201,7 @@ class CAAHandle:
     def _add(self, output, delta: torch.Tensor):
         if self not in _ACTIVE_CAA.get():
             return None  # another call's model: unchanged
-        hidden = output[0]
+        hidden = output if isinstance(output, torch.Tensor) else output[0]
         offset = getattr(self._offset, "value", 0)
         positions = offset + torch.arange(hidden.shape[1], device=hidden.device)
         start = self._start.to(hidden.device)
@@ -206,6 +209,8 @@ class CAAHandle:
             raise ValueError(f"CAA has {start.shape[0]} start positions for a batch of "
                              f"{hidden.shape[0]}")
         keep = (positions[None, :] >= start).to(hidden.dtype)[..., None]
+        if isinstance(output, torch.Tensor):
+            return hidden + keep * delta
         return (hidden + keep * delta, *output[1:])
 
     @contextmanager

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hf_memory import BankSet, FingerprintMismatchError, MemoryBank
+from hf_memory.adapters import get_adapter
 from hf_memory.caa import CAAVectors, apply_caa
 from hf_memory.chat import encode_chats
 from hf_memory.controller import AllowedTokensProcessor
@@ -144,3 +145,47 @@ def test_methods_sharing_batches_answer_as_each_alone(default_model, anxious_caa
     assert len({tuple(replies) for replies in alone}) == len(methods)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         generate_with_each(methods, model, tokenizer, prompts, batch_size=0)
+
+
+# the MLP branch each family adds to the residual stream after attention, written out by hand
+# (pre-norm: mlp(norm(r)); Gemma: post_ff_norm(mlp(pre_ff_norm(r))); OLMo-2: post_ff_norm(mlp(r));
+# Granite: mlp(norm(r)) times its residual multiplier)
+MLP_BRANCH = {
+    "gemma2": lambda block, r: block.post_feedforward_layernorm(
+        block.mlp(block.pre_feedforward_layernorm(r))),
+    "gemma3_text": lambda block, r: block.post_feedforward_layernorm(
+        block.mlp(block.pre_feedforward_layernorm(r))),
+    "olmo2": lambda block, r: block.post_feedforward_layernorm(block.mlp(r)),
+    "granite": lambda block, r: block.mlp(block.post_attention_layernorm(r))
+    * block.residual_multiplier,
+}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "granite", "phi3", "olmo2",
+                                    "gemma2", "gemma3_text"])
+def test_caa_reads_and_writes_the_residual_stream_after_attention(family):
+    """Where CAA reads is the residual stream after attention (the decoder layer's output is it
+    plus the MLP branch), and applying scale · v moves exactly that stream by scale · v from the
+    start position on."""
+    model = tiny_model(family)
+    adapter = get_adapter(model)
+    layer, ids = 1, token_ids(1, 8)
+    block = adapter.layers(model)[layer]
+    read: list[torch.Tensor] = []
+    hook = adapter.residual_read(model, layer).register_forward_pre_hook(
+        lambda _m, args: read.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            out = model(ids, output_hidden_states=True)
+            vector = torch.randn(model.config.hidden_size, dtype=torch.float64)
+            with apply_caa(model, CAAVectors({layer: vector}, scale=1.5), start_position=3):
+                model(ids)
+            branch = MLP_BRANCH.get(family, lambda b, r: b.mlp(b.post_attention_layernorm(r)))
+            after = read[0] + branch(block, read[0])
+            torch.testing.assert_close(out.hidden_states[layer + 1], after, rtol=1e-10,
+                                       atol=1e-10)
+    finally:
+        hook.remove()
+    torch.testing.assert_close(read[1][:, :3], read[0][:, :3], rtol=0, atol=0)
+    torch.testing.assert_close(read[1][:, 3:], read[0][:, 3:] + 1.5 * vector, rtol=1e-10,
+                               atol=1e-10)
