@@ -1,4 +1,5 @@
-"""vLLM's own Llama, Qwen2, Qwen3 and Qwen3-MoE classes with memory-inception steering attached.
+"""vLLM's own Llama, Qwen2, Qwen3, Qwen3-MoE, Granite and Phi-3 classes with memory-inception
+steering attached.
 
 Each class subclasses vLLM's implementation unchanged and only adds a
 :class:`~hf_memory_vllm.worker.WorkerSteering` (hooks on the layers some registered bank set
@@ -10,15 +11,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from vllm.model_executor.models.granite import GraniteForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.phi3 import Phi3ForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 
+from . import SERVED_ARCHITECTURES
 from .worker import WorkerSteering
 
-__all__ = ["ARCHITECTURES", "SteeredLlamaForCausalLM", "SteeredQwen2ForCausalLM",
-           "SteeredQwen3ForCausalLM", "SteeredQwen3MoeForCausalLM"]
+__all__ = ["ARCHITECTURES", "SteeredGraniteForCausalLM", "SteeredLlamaForCausalLM",
+           "SteeredPhi3ForCausalLM", "SteeredQwen2ForCausalLM", "SteeredQwen3ForCausalLM",
+           "SteeredQwen3MoeForCausalLM"]
 
 
 class _Steered:
@@ -48,7 +53,18 @@ class SteeredQwen3MoeForCausalLM(_Steered, Qwen3MoeForCausalLM):
     """vLLM's ``Qwen3MoeForCausalLM`` with memory-inception steering."""
 
 
+class SteeredGraniteForCausalLM(_Steered, GraniteForCausalLM):
+    """vLLM's ``GraniteForCausalLM`` with memory-inception steering."""
+
+
+class SteeredPhi3ForCausalLM(_Steered, Phi3ForCausalLM):
+    """vLLM's ``Phi3ForCausalLM`` with memory-inception steering."""
+
+
 ARCHITECTURES = {"LlamaForCausalLM": SteeredLlamaForCausalLM,
+                 "GraniteForCausalLM": SteeredGraniteForCausalLM,
+                 "Phi3ForCausalLM": SteeredPhi3ForCausalLM,
                  "Qwen2ForCausalLM": SteeredQwen2ForCausalLM,
                  "Qwen3ForCausalLM": SteeredQwen3ForCausalLM,
                  "Qwen3MoeForCausalLM": SteeredQwen3MoeForCausalLM}
+assert set(ARCHITECTURES) == set(SERVED_ARCHITECTURES), "register() and ARCHITECTURES disagree"

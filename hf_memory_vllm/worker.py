@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 # model_type → the module whose output is the pre-RoPE query ("qkv_proj": its query columns);
 # the architectures served steered by vLLM, a subset of those steer() supports
 QUERY_SOURCES = {"llama": "qkv_proj", "qwen2": "qkv_proj", "qwen3": "q_norm",
-                 "qwen3_moe": "q_norm"}
+                 "qwen3_moe": "q_norm", "granite": "qkv_proj", "phi3": "qkv_proj"}
 assert set(QUERY_SOURCES) <= set(SUPPORTED_MODEL_TYPES)
 
 # persistent-batch index → steering, kept by the logits processor of this worker
@@ -80,7 +80,9 @@ class _Step:
 ROTARY_CLASSES = {"llama": "llama.modeling_llama.LlamaRotaryEmbedding",
                   "qwen2": "qwen2.modeling_qwen2.Qwen2RotaryEmbedding",
                   "qwen3": "qwen3.modeling_qwen3.Qwen3RotaryEmbedding",
-                  "qwen3_moe": "qwen3_moe.modeling_qwen3_moe.Qwen3MoeRotaryEmbedding"}
+                  "qwen3_moe": "qwen3_moe.modeling_qwen3_moe.Qwen3MoeRotaryEmbedding",
+                  "granite": "granite.modeling_granite.GraniteRotaryEmbedding",
+                  "phi3": "phi3.modeling_phi3.Phi3RotaryEmbedding"}
 
 
 def _rotary(hf_config) -> nn.Module:

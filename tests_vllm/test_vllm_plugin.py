@@ -19,8 +19,12 @@ import torch
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -109,6 +113,10 @@ TINY = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
                   {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                    "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "granite": (GraniteConfig, GraniteForCausalLM,
+                {"attention_multiplier": 0.1, "embedding_multiplier": 2.0,
+                 "residual_multiplier": 0.5, "logits_scaling": 2.0}),
+    "phi3": (Phi3Config, Phi3ForCausalLM, {"partial_rotary_factor": 0.5}),
 }
 
 
