@@ -117,27 +117,27 @@ class ArchAdapter:
             captured = captured.view(*captured.shape[:2], -1, head_dim)
         return captured.transpose(1, 2)
 
+    @staticmethod
+    def _fused_columns(config, part: int) -> slice:
+        """Columns of part ``part`` (0 query, 1 key, 2 value) in a fused ``[q | k | v]``."""
+        width = head_dim(config)
+        q, kv = config.num_attention_heads * width, config.num_key_value_heads * width
+        return (slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv))[part]
+
     def _part(self, captured: torch.Tensor, config, part: int) -> torch.Tensor:
         """Part ``part`` (0 query, 1 key, 2 value) of a captured output as ``[B, H, T, D]``."""
-        width = head_dim(config)
         if self.heads_first and part < 2:
             return captured
         if self.fused_qkv:
-            q = config.num_attention_heads * width
-            kv = config.num_key_value_heads * width
-            start, end = ((0, q), (q, q + kv), (q + kv, q + 2 * kv))[part]
-            captured = captured[..., start:end]
-        return self.heads(captured, width)
+            captured = captured[..., self._fused_columns(config, part)]
+        return self.heads(captured, head_dim(config))
 
     def key_weight(self, model: nn.Module, layer: int) -> torch.Tensor:
         """The key projection's weight ``[KVH*D, hidden]`` (the key rows of a fused one)."""
         attention = self.attention(model, layer)
         if not self.fused_qkv:
             return attention.k_proj.weight
-        config = model.config
-        width = head_dim(config)
-        start = config.num_attention_heads * width
-        return attention.qkv_proj.weight[start:start + config.num_key_value_heads * width]
+        return attention.qkv_proj.weight[self._fused_columns(model.config, 1)]
 
     def query(self, captured: torch.Tensor, config) -> torch.Tensor:
         """The pre-RoPE query ``[B, H, T, D]`` from the output of ``query_module``."""

@@ -34,7 +34,7 @@ from transformers import AttentionInterface, GenerationMixin
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .adapters import get_adapter, head_dim
+from .adapters import get_adapter
 from .bank_set import BankSet
 from .banks import MemoryBank
 from .mixture import BankStack, bank_mixture, toward, visible_keys
@@ -158,7 +158,6 @@ class _ModelHost:
             raise ValueError(
                 f"steering wraps the 'sdpa' or 'eager' attention; this model uses "
                 f"{self.original!r}. Call model.set_attn_implementation('sdpa').")
-        width = head_dim(model.config)
         self.hooks = [model.register_forward_pre_hook(self._on_forward, with_kwargs=True)]
         for layer in range(model.config.num_hidden_layers):
             attention = adapter.attention(model, layer)
@@ -166,7 +165,7 @@ class _ModelHost:
             def capture(_module, _args, output, _attention=attention):
                 handle = _ACTIVE.get()
                 if handle is not None:
-                    handle._capture(_attention, output, width)
+                    handle._capture(_attention, output)
 
             self.hooks.append(getattr(attention, adapter.query_module)
                               .register_forward_hook(capture))
@@ -218,7 +217,7 @@ class _CallSteering:
     def _groups(self, attention: nn.Module) -> list[tuple[torch.Tensor | None, SiteState]]:
         raise NotImplementedError
 
-    def _capture(self, attention: nn.Module, output: torch.Tensor, width: int) -> None:
+    def _capture(self, attention: nn.Module, output: torch.Tensor) -> None:
         if self._groups(attention):
             if not hasattr(self._queries, "by_module"):
                 self._queries.by_module = {}

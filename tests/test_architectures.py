@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hf_memory import BankSet, MemoryBank, Selector, steer
+from hf_memory.adapters import head_dim
 from hf_memory.caa import CAAVectors, apply_caa
 from tests.tiny_models import FAMILIES, tiny_model
 
@@ -33,10 +34,9 @@ def test_text_banks_selector_caa_and_cached_generation(family, tokenizer):
         MemoryBank.from_text(model, tokenizer, "You are calm and relaxed.", role="reference"),
     ], model=model)
     config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     for bank in banks.banks:  # every layer, the model's KV heads, pre-RoPE slots of the text
         assert bank.keys.shape[:2] == (config.num_hidden_layers, config.num_key_value_heads)
-        assert bank.keys.shape[-1] == head_dim and bank.keys.shape == bank.values.shape
+        assert bank.keys.shape[-1] == head_dim(config) and bank.keys.shape == bank.values.shape
         assert torch.isfinite(bank.keys).all() and torch.isfinite(bank.values).all()
     selector = Selector.calibrate_behavioural(
         model, tokenizer, banks, PAIRS, top_layers=1, gains=[1.0, 2.0], uncertainty_weight=0.0,
