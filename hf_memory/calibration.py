@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 __all__ = ["TRAIT_DESCRIPTORS", "calibration_pairs", "calibration_prompts", "direction_parts",
-           "neutral_text"]
+           "everyday_questions", "neutral_text"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 TRAIT_DESCRIPTORS = {
@@ -91,6 +91,14 @@ def calibration_pairs(direction: str, count: int = 24, drift_count: int = 2
 def calibration_prompts() -> list[str]:
     """Open everyday questions for the diagnostic selector's calibration."""
     return list(_load("calibration_pairs.json")["prompts"])
+
+
+def everyday_questions() -> list[str]:
+    """Every distinct question of the calibration data: the open prompts, then the questions of
+    the trait items (what starter pairs for a user's own persona are asked on)."""
+    data = _load("calibration_pairs.json")
+    questions = list(data["prompts"]) + [item["question"] for item in data["items"]]
+    return list(dict.fromkeys(questions))
 
 
 def neutral_text() -> str:

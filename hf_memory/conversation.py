@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from .bank_set import BankSet
 from .banks import MemoryBank
 from .likelihood import log_probabilities
-from .steering import SteeringHandle, steer
+from .steering import SteeringHandle, check_strength, steer
 from .transformers_compat import cache_kwargs
 
 __all__ = ["Conversation"]
@@ -64,6 +64,13 @@ class Conversation:
             self.handle = steer(self.model, banks, active=False, **self._steering)
         else:
             self.handle.update(banks)
+
+    def set_strength(self, strength: float) -> None:
+        """Turn the strength dial (:meth:`SteeringHandle.set_strength`) from the next token on,
+        and for banks set later."""
+        self._steering["strength"] = check_strength(strength)
+        if self.handle is not None:
+            self.handle.set_strength(strength)
 
     def set_system(self, system: str | None) -> None:
         """Replace (or remove) the system message; the cache is recomputed from the first token

@@ -1,0 +1,439 @@
+"""Your own steering without Python: ``bank build``, ``selector pairs|calibrate``, ``chat``,
+``generate``.
+
+From a sentence to a steered chat in three commands::
+
+    hf-memory bank build --text "You talk like a pirate." --out pirate
+    hf-memory selector calibrate --banks pirate --out pirate/selector
+    hf-memory chat --banks pirate --selector pirate/selector
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .errors import CLIError
+from .model_loading import add_model_arguments, load_model
+from .types import non_negative, positive_int
+
+__all__ = ["add_steering_parsers"]
+
+ROLES = {"target": "target", "reference": "reference", "aux": "auxiliary",
+         "auxiliary": "auxiliary"}
+CHAT_HELP = """commands:
+  /plain            answer without the banks from now on (the conversation is kept)
+  /memory           steer with the banks again
+  /banks DIR        steer with another saved bank set from now on
+  /strength X       turn the strength dial (0: plain ... 1: as calibrated)
+  /save FILE        write the conversation so far as JSON
+  /help             this list
+  /quit             leave (so does end of input)"""
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if args.file is None:
+        return args.text
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CLIError(f"{args.file} is not UTF-8 text") from None
+    if not text.strip():
+        raise CLIError(f"{args.file} is empty: a bank needs a text")
+    return text.strip()
+
+
+def _load_banks(path: str, model):
+    from hf_memory.bank_set import BankSet
+
+    if not (Path(path) / "config.json").is_file():
+        raise CLIError(f"{path} is not a saved bank set (no config.json; make one with "
+                       "hf-memory bank build)")
+    return BankSet.from_pretrained(path, model=model)
+
+
+def _load_selector(path: str | None, model):
+    if path is None:
+        return None
+    from hf_memory.selector import Selector
+
+    return Selector.from_pretrained(path, model=model)
+
+
+def _bank_build(args: argparse.Namespace) -> None:
+    from hf_memory.bank_set import BankSet
+    from hf_memory.demo import persona_bank
+
+    text = _read_text(args)
+    if not text.strip():
+        raise CLIError("the bank text is empty: give the sentence the bank should hold")
+    out = Path(args.out)
+    existing = None
+    if out.exists() and any(out.iterdir()):
+        if not (out / "config.json").is_file():
+            raise CLIError(f"{out} exists and is not a bank set folder: choose a new --out")
+    model, tokenizer = load_model(args.model, args.revision)
+    if out.exists() and (out / "config.json").is_file():
+        existing = _load_banks(str(out), model)
+    start = time.perf_counter()
+    role = ROLES[args.role]
+    name = args.name or ("persona" if role == "target" else role)
+    bank = persona_bank(model, tokenizer, text, role=role, name=name, gain=args.gain)
+    kept = [b for b in (existing or []) if b.name != name
+            and not (role != "auxiliary" and b.role == role)]
+    banks = BankSet([*kept, bank], model=model,
+                    **({} if existing is None else {"gamma": existing.gamma,
+                                                    "size_normalize": existing.size_normalize}))
+    banks.save_pretrained(out)
+    print(f"# {name} ({role}): {bank.num_slots} slots x {len(bank.layers)} layers, "
+          f"{bank.nbytes():,} bytes, in {time.perf_counter() - start:.1f}s; {out} holds "
+          + ", ".join(f"{b.name} ({b.role})" for b in banks))
+
+
+def _bank_texts(banks) -> tuple[str, str | None]:
+    """The target bank's source text and the reference bank's (None without one)."""
+    texts = {b.role: b.provenance.get("text") for b in banks if b.role != "auxiliary"}
+    if not texts.get("target"):
+        raise CLIError("starter pairs need a target bank built from text (hf-memory bank build "
+                       "--role target)")
+    return texts["target"], texts.get("reference")
+
+
+def _starter_pairs(banks, model, tokenizer, count: int, max_new_tokens: int):
+    from hf_memory.pairs import starter_pairs
+
+    target, reference = _bank_texts(banks)
+    start = time.perf_counter()
+    pairs = starter_pairs(model, tokenizer, target, reference, count=count,
+                          max_new_tokens=max_new_tokens)
+    print(f"# {len(pairs)} starter pairs: the model's replies with the target text as a visible "
+          f"system prompt vs {'the reference text' if reference else 'plain'} "
+          f"({time.perf_counter() - start:.0f}s)", file=sys.stderr)
+    return pairs
+
+
+def _selector_pairs(args: argparse.Namespace) -> None:
+    from hf_memory.pairs import MIN_PAIRS, write_pairs
+
+    model, tokenizer = load_model(args.model, args.revision)
+    banks = _load_banks(args.banks, model)
+    pairs = _starter_pairs(banks, model, tokenizer, args.count, args.max_new_tokens)
+    write_pairs(args.out, pairs)
+    print(f"# wrote {len(pairs)} pairs to {args.out}: one JSON object per line with prompt, "
+          "target (the reply you want) and reference (the reply you do not); edit them, keep at "
+          f"least {MIN_PAIRS}, then: hf-memory selector calibrate --banks {args.banks} "
+          f"--pairs {args.out} --out DIR")
+
+
+def _selector_calibrate(args: argparse.Namespace) -> None:
+    from hf_memory.bank_set import BankSet
+    from hf_memory.calibration import neutral_text
+    from hf_memory.demo import persona_bank
+    from hf_memory.pairs import MIN_PAIRS, read_pairs, write_pairs
+    from hf_memory.selector import Selector
+
+    pairs = read_pairs(args.pairs) if args.pairs else None
+    model, tokenizer = load_model(args.model, args.revision)
+    banks = _load_banks(args.banks, model)
+    out = Path(args.out)
+    if pairs is None:
+        pairs = _starter_pairs(banks, model, tokenizer, args.count, args.max_new_tokens)
+        if len(pairs) < MIN_PAIRS:
+            raise CLIError(f"only {len(pairs)} starter pairs differ (at least {MIN_PAIRS} are "
+                           "needed): write your own with hf-memory selector pairs and edit them")
+        out.mkdir(parents=True, exist_ok=True)
+        write_pairs(out / "pairs.jsonl", pairs)
+        print(f"# the starter pairs are in {out / 'pairs.jsonl'} (edit and pass --pairs to "
+              "recalibrate)", file=sys.stderr)
+    budget = None if args.no_budget else args.cost_budget
+    control = (BankSet([persona_bank(model, tokenizer, neutral_text(), name="neutral")],
+                       model=model) if budget is not None else None)
+    start = time.perf_counter()
+    selector = Selector.calibrate_behavioural(
+        model, tokenizer, banks, pairs, top_layers=args.top_layers, cost_budget=budget,
+        control_banks=control, candidate_layers=args.candidate_layers,
+        layer_stride=args.layer_stride)
+    selector.save_pretrained(out)
+    best = selector.config["best"]
+    within = ("" if budget is None else f"strength {selector.strength:g} at cost "
+              f"{best['cost']:+.3f} nats/token (budget {budget:g}), ")
+    print(f"# layers {selector.layers} ({selector.unit_type} units {selector.units}), "
+          f"{within}calibration target shift {best['target']:+.2f} nats, drift "
+          f"{best['drift']:.2f}; {len(pairs)} pairs, {selector.config['evaluations']} "
+          f"configurations in {time.perf_counter() - start:.0f}s; wrote {out}")
+
+
+def _sites(args: argparse.Namespace, model, banks) -> dict:
+    """``{"selector": ...}`` or ``{"layers": ...}`` for steering ``banks`` (None: plain)."""
+    if banks is None:
+        if args.selector or args.layers:
+            raise CLIError("--selector and --layers steer banks: give --banks too")
+        return {}
+    if args.selector and args.layers:
+        raise CLIError("give --selector or --layers, not both")
+    if not args.selector and not args.layers:
+        raise CLIError("steering needs its sites: --selector DIR (hf-memory selector calibrate) "
+                       "or hand-picked --layers, e.g. 12-16")
+    if args.layers:
+        return {"layers": args.layers}
+    return {"selector": _load_selector(args.selector, model)}
+
+
+class _Chat:
+    """The chat loop's state: one conversation (one cache) and what steers it."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from hf_memory.conversation import Conversation
+
+        self.model, self.tokenizer = load_model(args.model, args.revision)
+        self.banks = _load_banks(args.banks, self.model) if args.banks else None
+        self.sites = _sites(args, self.model, self.banks)
+        self.max_new_tokens = args.max_new_tokens
+        self.conversation = Conversation(self.model, self.tokenizer, banks=self.banks,
+                                         system=args.system, strength=args.strength,
+                                         **self.sites)
+
+    def describe(self) -> str:
+        if self.conversation.handle is None:
+            return "plain"
+        banks = ", ".join(f"{b.name} ({b.role})" for b in self.banks)
+        return f"memory: {banks}, strength {self.conversation.handle.strength:g}"
+
+    def command(self, line: str) -> bool:
+        """Run a slash command; False when the chat should end."""
+        name, _, rest = line.strip().partition(" ")
+        rest = rest.strip()
+        if name in ("/quit", "/exit"):
+            return False
+        if name == "/help":
+            print(CHAT_HELP)
+        elif name == "/plain":
+            self.conversation.set_banks(None)
+            print(f"# {self.describe()}")
+        elif name == "/memory":
+            if self.banks is None:
+                raise ValueError("no banks loaded: /banks DIR first")
+            self.conversation.set_banks(self.banks)
+            print(f"# {self.describe()}")
+        elif name == "/banks":
+            if not rest:
+                raise ValueError("/banks needs a folder: /banks DIR")
+            if not self.sites:
+                raise ValueError("this chat has no sites to steer at: restart it with "
+                                 "--banks and --selector or --layers")
+            banks = _load_banks(rest, self.model)
+            self.conversation.set_banks(banks)
+            self.banks = banks
+            print(f"# {self.describe()}")
+        elif name == "/strength":
+            try:
+                value = float(rest)
+            except ValueError:
+                raise ValueError(f"/strength needs a number in [0, 1], got {rest!r}") from None
+            self.conversation.set_strength(value)
+            print(f"# {self.describe()}")
+        elif name == "/save":
+            if not rest:
+                raise ValueError("/save needs a file name: /save FILE")
+            from hf_memory.atomic_files import write_json
+
+            write_json(Path(rest), {"messages": self.conversation.messages,
+                                    "steering": self.describe()})
+            print(f"# saved {len(self.conversation.messages)} messages to {rest}")
+        else:
+            raise ValueError(f"unknown command {name!r} (nothing was sent); /help lists them")
+        return True
+
+    def say(self, text: str) -> None:
+        from transformers import TextStreamer
+
+        streamer = TextStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        print("bot> ", end="", flush=True)
+        self.conversation.say(text, max_new_tokens=self.max_new_tokens, streamer=streamer)
+
+
+def _chat(args: argparse.Namespace) -> None:
+    chat = _Chat(args)
+    print(f"# {chat.model.name_or_path}; {chat.describe()}; /help lists the commands")
+    try:
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                print()
+                break
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("/"):
+                try:
+                    if not chat.command(line):
+                        break
+                except (ValueError, OSError) as error:
+                    print(f"# error: {error}")
+                continue
+            chat.say(line)
+    finally:
+        chat.conversation.close()
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt or [])
+    if args.prompts:
+        path = Path(args.prompts)
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("{"):
+                try:
+                    line = json.loads(line)["prompt"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise CLIError(f"{path}, line {number}: a JSON line needs a \"prompt\" "
+                                   "field") from None
+            prompts.append(line)
+    if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
+        raise CLIError("give non-empty prompts with --prompt TEXT or --prompts FILE")
+    return prompts
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from hf_memory.chat import generate_chat
+    from hf_memory.methods import MemoryMethod, generate_with
+
+    prompts = _prompts(args)
+    model, tokenizer = load_model(args.model, args.revision)
+    banks = _load_banks(args.banks, model) if args.banks else None
+    sites = _sites(args, model, banks)
+    if banks is None:
+        replies = generate_chat(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens)
+    else:
+        method = MemoryMethod(banks, strength=args.strength, **sites)
+        replies = generate_with(method, model, tokenizer, prompts,
+                                max_new_tokens=args.max_new_tokens)
+    for prompt, reply in zip(prompts, replies, strict=True):
+        record = {"prompt": prompt, "reply": reply,
+                  "method": "plain" if banks is None else "memory"}
+        if banks is not None:
+            record["strength"] = args.strength
+        print(json.dumps(record, ensure_ascii=False), flush=True)
+
+
+def _strength(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def _layers(text: str) -> list[int]:
+    from hf_memory.demo import parse_layers
+
+    try:
+        return parse_layers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _steering_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--banks", metavar="DIR", help="a saved bank set (hf-memory bank build)")
+    parser.add_argument("--selector", metavar="DIR",
+                        help="a saved selector: where and how strongly to steer")
+    parser.add_argument("--layers", type=_layers, metavar="SPEC",
+                        help="hand-picked layers instead of a selector, e.g. 12-16 or 3,5,9")
+    parser.add_argument("--strength", type=_strength, default=1.0, metavar="X",
+                        help="the strength dial in [0, 1] (1: as calibrated; default 1)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
+                        help="tokens per reply (default: 64)")
+    add_model_arguments(parser)
+
+
+def _pair_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--count", type=positive_int, default=24, metavar="N",
+                        help="starter pairs: questions to ask (default: 24)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=40, metavar="N",
+                        help="starter pairs: tokens per reply (default: 40)")
+
+
+def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
+    """Register ``bank``, ``selector``, ``chat`` and ``generate``."""
+    bank = commands.add_parser("bank", help="build memory banks from your own text",
+                               description="Build and collect memory banks.")
+    bank_actions = bank.add_subparsers(dest="action", metavar="<action>", required=True)
+    build = bank_actions.add_parser(
+        "build", help="a bank from a sentence or a file",
+        description="Run the text through the model as a system message and keep the keys and "
+                    "values of its tokens at every layer (the demo's recipe). A folder that "
+                    "already holds a bank set gets the new bank added (a bank with the same "
+                    "name, or the same target/reference role, is replaced).")
+    source = build.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="the sentence, e.g. 'You talk like a pirate.'")
+    source.add_argument("--file", metavar="FILE", help="a UTF-8 text file to read it from")
+    build.add_argument("--role", choices=sorted(ROLES), default="target",
+                       help="target (steer towards), reference (away from) or aux (default: "
+                            "target)")
+    build.add_argument("--name", help="the bank's name (default: persona for a target bank, "
+                                      "else the role)")
+    build.add_argument("--gain", type=non_negative, default=1.0, help="bank gain (default: 1)")
+    build.add_argument("--out", required=True, metavar="DIR", help="the bank set folder")
+    add_model_arguments(build)
+    build.set_defaults(handler=_bank_build)
+
+    selector = commands.add_parser("selector", help="where to steer: calibrate a selector",
+                                   description="Write calibration pairs and calibrate a "
+                                               "selector on them.")
+    actions = selector.add_subparsers(dest="action", metavar="<action>", required=True)
+    pairs = actions.add_parser(
+        "pairs", help="write starter calibration pairs to edit",
+        description="Ask the model everyday questions with the target bank's text as a visible "
+                    "system prompt and without it (or with the reference bank's text), and "
+                    "write the replies as JSON lines of prompt / target / reference.")
+    pairs.add_argument("--banks", required=True, metavar="DIR")
+    pairs.add_argument("--out", required=True, metavar="FILE", help="the .jsonl file to write")
+    _pair_arguments(pairs)
+    add_model_arguments(pairs)
+    pairs.set_defaults(handler=_selector_pairs)
+    calibrate = actions.add_parser(
+        "calibrate", help="calibrate a selector for a bank set",
+        description="Search the layers, units and strength where the banks move the pairs "
+                    "towards their target replies most within a cost budget on neutral text "
+                    "(net of a neutral bank), and save the frozen selector. Without --pairs, "
+                    "starter pairs are written first (into OUT/pairs.jsonl).")
+    calibrate.add_argument("--banks", required=True, metavar="DIR")
+    calibrate.add_argument("--pairs", metavar="FILE",
+                           help="JSON lines of {prompt, target, reference}, at least 8")
+    calibrate.add_argument("--out", required=True, metavar="DIR")
+    calibrate.add_argument("--top-layers", type=positive_int, default=5, metavar="M",
+                           help="layer budget (default: 5)")
+    calibrate.add_argument("--cost-budget", type=non_negative, default=0.1, metavar="NATS",
+                           help="the most a configuration may cost, in nats per token of "
+                                "neutral text (default: 0.1)")
+    calibrate.add_argument("--no-budget", action="store_true",
+                           help="the unbudgeted search (largest movement; may damage the model)")
+    calibrate.add_argument("--candidate-layers", type=_layers, metavar="SPEC",
+                           help="layers the search may pick (default: every layer)")
+    calibrate.add_argument("--layer-stride", type=positive_int, default=3, metavar="K",
+                           help="score every K-th candidate layer alone (default: 3)")
+    _pair_arguments(calibrate)
+    add_model_arguments(calibrate)
+    calibrate.set_defaults(handler=_selector_calibrate)
+
+    chat = commands.add_parser(
+        "chat", help="an interactive steered chat (one KV cache; /help for commands)",
+        description="Chat with the model, steered by a bank set from the first turn; the "
+                    "history stays in one KV cache. Tokens stream as they are generated.")
+    _steering_arguments(chat)
+    chat.add_argument("--system", metavar="TEXT", help="a visible system message")
+    chat.set_defaults(handler=_chat)
+
+    generate = commands.add_parser(
+        "generate", help="one-shot steered replies as JSON lines",
+        description="Answer each prompt (one batch) and print one JSON object per prompt: "
+                    "prompt, reply, method, strength.")
+    _steering_arguments(generate)
+    generate.add_argument("--prompt", action="append", metavar="TEXT",
+                          help="a prompt (repeatable)")
+    generate.add_argument("--prompts", metavar="FILE",
+                          help="prompts, one per line (or JSON lines with a prompt field)")
+    generate.set_defaults(handler=_generate)
