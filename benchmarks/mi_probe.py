@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from eval_harness.bigfive import CAA_FRAMES
+from eval_harness.bigfive.task import CAA_FRAMES
 from hf_memory import (
     BankSet,
     CAAMethod,

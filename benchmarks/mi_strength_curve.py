@@ -17,7 +17,7 @@ from importlib import resources
 
 import torch
 
-from eval_harness.trait_steering import eval_pairs
+from eval_harness.trait_steering.task import eval_pairs
 from hf_memory import BankSet, load_default_model, steer
 from hf_memory.calibration import direction_parts, oriented
 from hf_memory.demo import persona_bank, shipped_selector

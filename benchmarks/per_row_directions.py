@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from eval_harness.bigfive_generation import GENERATION_PROMPTS
+from eval_harness.bigfive.generation import GENERATION_PROMPTS
 from hf_memory import (
     BankSet,
     MemoryMethod,

@@ -155,7 +155,7 @@ def validate_judge_on_pairs(judge: Judge) -> dict[str, Any]:
     above the trait-low reply on that trait (ties count as misses)."""
     from pathlib import Path
 
-    items = json.loads((Path(__file__).parent / "data" / "trait_pairs.json").read_text())
+    items = json.loads((Path(__file__).parent / "trait_steering" / "trait_pairs.json").read_text())
     per_trait: dict[str, list[bool]] = {}
     for item in items["items"]:
         trait = item["trait"]

@@ -13,11 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGES", "PAYLOAD_SCHEMAS", "SCHEMA_PATH", "environment", "run_task",
+__all__ = ["PACKAGES", "SCHEMA_PATH", "environment", "payload_schema", "run_task",
            "validate_results"]
 
-SCHEMA_PATH = Path(__file__).parent / "schema" / "results.schema.json"
-PAYLOAD_SCHEMAS = Path(__file__).parent / "schema" / "payloads"
+SCHEMA_PATH = Path(__file__).parent / "results.schema.json"
 PACKAGES = ("hf-memory", "torch", "transformers", "datasets", "evaluate", "safetensors",
             "huggingface-hub", "numpy")
 
@@ -44,15 +43,20 @@ def environment() -> dict[str, Any]:
             "python": sys.version.split()[0], "platform": platform.platform()}
 
 
+def payload_schema(task: str) -> Path | None:
+    """The payload schema ``<task>.schema.json`` in the task's folder, or None if it has none."""
+    return next(Path(__file__).parent.glob(f"*/{task}.schema.json"), None)
+
+
 def validate_results(results: dict[str, Any]) -> None:
     """Raise ``jsonschema.ValidationError`` if ``results`` does not follow the schema: the
-    task-independent core, then the task's payload schema (``schema/payloads/<task>``) if it
-    has one."""
+    task-independent core, then the task's payload schema (``<folder>/<task>.schema.json``) if
+    it has one."""
     import jsonschema
 
     jsonschema.validate(results, json.loads(SCHEMA_PATH.read_text()))
-    payload = PAYLOAD_SCHEMAS / f"{results['task']}.schema.json"
-    if payload.is_file():
+    payload = payload_schema(results["task"])
+    if payload is not None:
         jsonschema.validate(results["results"], json.loads(payload.read_text()))
 
 

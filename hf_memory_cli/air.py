@@ -69,7 +69,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from eval_harness.air_plots import write_report
+    from eval_harness.family.air_plots import write_report
 
     try:
         paths = write_report(args.run, args.out, puzzles=args.puzzles)

@@ -43,7 +43,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from eval_harness.arith_plots import write_report
+    from eval_harness.family.arith_plots import write_report
 
     try:
         paths = write_report(args.logs, args.out)

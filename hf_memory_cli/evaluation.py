@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from eval_harness.dialogue_cases import SHIFT_TURN, TRANSITIONS
+from eval_harness.dialogue_shift.cases import SHIFT_TURN, TRANSITIONS
 from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, RULES, TASKS
 
 from .types import finite, non_negative, non_negative_int, positive_int
@@ -89,7 +89,7 @@ def _load_model(name: str):
 
 
 def _family_task(args: argparse.Namespace, out: Path) -> Path:
-    from eval_harness.family_tasks import (
+    from eval_harness.family.task import (
         family_fingerprint,
         load_family_model,
         run_air_puzzles,
@@ -113,7 +113,7 @@ def _family_task(args: argparse.Namespace, out: Path) -> Path:
             raise ValueError(f"{args.task} needs the tokenizer saved with the model; "
                              f"{args.model!r} has none") from None
     if args.task == "asm-refinement":
-        from eval_harness.asm_refinement import run_asm_refinement
+        from eval_harness.asm_refinement.task import run_asm_refinement
 
         config = {"blocks": args.blocks, "samples": args.samples, "betas": args.betas}
         body = lambda: run_asm_refinement(model, tokenizer, blocks=args.blocks,  # noqa: E731
@@ -160,7 +160,7 @@ def _ffn_memories(args: argparse.Namespace, model, tokenizer, out: Path) -> Path
 def _dialogue_shift(args: argparse.Namespace, model, tokenizer, out: Path) -> Path:
     import json
 
-    from eval_harness.dialogue_shift import DialogueShiftConfig, run_dialogue_shift
+    from eval_harness.dialogue_shift.task import DialogueShiftConfig, run_dialogue_shift
     from eval_harness.runner import run_task
 
     cases = None
@@ -227,9 +227,9 @@ def _eval(args: argparse.Namespace) -> None:
         return _suite(args)
     if args.task is None:
         raise ValueError("give a task (see hf-memory eval --help) or --suite FILE")
-    from eval_harness.bigfive import BigFiveConfig, run_bigfive
-    from eval_harness.bigfive_generation import run_bigfive_generation
-    from eval_harness.kv_task import run_kv_footprint
+    from eval_harness.bigfive.generation import run_bigfive_generation
+    from eval_harness.bigfive.task import BigFiveConfig, run_bigfive
+    from eval_harness.kv_footprint.task import run_kv_footprint
     from eval_harness.report import render_report
     from eval_harness.runner import run_task
 
@@ -245,7 +245,7 @@ def _eval(args: argparse.Namespace) -> None:
     if args.task == "ffn-memories":
         path = _ffn_memories(args, model, tokenizer, out)
     elif args.task in ("trait-steering", "layer-ablation"):
-        from eval_harness.trait_steering import (
+        from eval_harness.trait_steering.task import (
             TraitSteeringConfig,
             run_layer_ablation,
             run_trait_steering,
@@ -262,7 +262,7 @@ def _eval(args: argparse.Namespace) -> None:
         path = run_task(args.task, lambda: run(model, tokenizer, steering),
                         model=model, config=vars(steering), seed=args.seed, out=out)
     elif args.task == "capability":
-        from eval_harness.capability import CapabilityConfig, run_capability
+        from eval_harness.capability.task import CapabilityConfig, run_capability
 
         config = CapabilityConfig(directions=args.directions, additions=args.additions or 40,
                                   passages=args.passages or 40, num_bootstrap=args.bootstrap,
@@ -271,7 +271,7 @@ def _eval(args: argparse.Namespace) -> None:
         path = run_task("capability", lambda: run_capability(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task == "tradeoff":
-        from eval_harness.tradeoff import TradeoffConfig, run_tradeoff
+        from eval_harness.tradeoff.task import TradeoffConfig, run_tradeoff
 
         config = TradeoffConfig(directions=args.directions, additions=args.additions or 4,
                                 passages=args.passages or 16, num_bootstrap=args.bootstrap,
@@ -280,7 +280,7 @@ def _eval(args: argparse.Namespace) -> None:
         path = run_task("tradeoff", lambda: run_tradeoff(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task == "persistence":
-        from eval_harness.persistence import PersistenceConfig, run_persistence
+        from eval_harness.persistence.task import PersistenceConfig, run_persistence
 
         config = PersistenceConfig(directions=args.directions, lengths=args.lengths,
                                    items=args.items, num_bootstrap=args.bootstrap,
@@ -291,7 +291,7 @@ def _eval(args: argparse.Namespace) -> None:
     elif args.task == "dialogue-shift":
         path = _dialogue_shift(args, model, tokenizer, out)
     elif args.task == "guidance":
-        from eval_harness.guidance import GuidanceConfig, run_guidance
+        from eval_harness.guidance.task import GuidanceConfig, run_guidance
 
         config = GuidanceConfig(rules=args.rules, generate=not args.no_generate,
                                 top_layers=args.top_layers,

@@ -30,7 +30,7 @@ def _card(args: argparse.Namespace) -> None:
     import json
     from pathlib import Path
 
-    from eval_harness.family_tasks import family_fingerprint
+    from eval_harness.family.task import family_fingerprint
     from hub_cards.publish import load_artifact
     from hub_cards.results_card import render_results_card
 

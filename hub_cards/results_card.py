@@ -45,7 +45,7 @@ class CardError(ValueError):
 def render_results_card(model_dir: str | Path, results: list[dict[str, Any]],
                         fingerprint: dict[str, Any]) -> str:
     """Markdown with YAML front matter for the model in ``model_dir`` (``fingerprint`` is its
-    ``eval_harness.family_tasks.family_fingerprint``) from its results records."""
+    ``eval_harness.family.task.family_fingerprint``) from its results records."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     model_dir = Path(model_dir)

@@ -1,4 +1,4 @@
-"""Tests of modeling/air/analysis_air.py and eval_harness/air_plots.py on tiny random models:
+"""Tests of modeling/air/analysis_air.py and eval_harness/family/air_plots.py on tiny random models:
 vectorised statistics against slow per-query loops read off ``solve``'s own trace."""
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def test_summaries_have_per_layer_means_and_normal_cis():
 
 # ---------------------------------------------------------------------------- plots and report
 def test_write_report_end_to_end(tmp_path):
-    from eval_harness import air_plots
+    from eval_harness.family import air_plots
 
     run = tmp_path / "run"
     model = tiny(halt_max_steps=2)
@@ -326,7 +326,7 @@ def test_write_report_end_to_end(tmp_path):
 
 
 def test_maze_rollout_plot(tmp_path):
-    from eval_harness import air_plots
+    from eval_harness.family import air_plots
 
     model = tiny()
     ids = torch.tensor([[3, 2, 2, 1, 1, 1, 2, 1, 2, 2, 2, 1, 1, 1, 4, 1]])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_memory_cli as cli
-from eval_harness.arith_plots import (
+from eval_harness.family.arith_plots import (
     load_log,
     plot_sweep_curves,
     plot_sweeps,

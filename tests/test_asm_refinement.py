@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from eval_harness.asm_refinement import run_asm_refinement
+from eval_harness.asm_refinement.task import run_asm_refinement
 from hf_memory_cli.main import main
 from modeling.asm import ASMConfig, ASMForCausalLM
 from modeling.asm.corpus_asm import kjv_corpus, pack_blocks, train_bpe_tokenizer

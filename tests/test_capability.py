@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from eval_harness.capability import (
+from eval_harness.capability.task import (
     CAPITALS,
     CapabilityConfig,
     capability_questions,
@@ -16,7 +16,7 @@ from eval_harness.capability import (
     score_questions,
 )
 from eval_harness.runner import validate_results
-from eval_harness.trait_steering import TraitSteeringConfig
+from eval_harness.trait_steering.task import TraitSteeringConfig
 from hf_memory.methods import PlainMethod, PromptMethod
 
 

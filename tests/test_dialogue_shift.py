@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from eval_harness.dialogue_cases import (
+from eval_harness.dialogue_shift.cases import (
     SHIFT_TURN,
     STYLES,
     TRANSITIONS,
@@ -19,7 +19,7 @@ from eval_harness.dialogue_cases import (
     style_descriptor,
     transition_calibration,
 )
-from eval_harness.dialogue_shift import (
+from eval_harness.dialogue_shift.task import (
     DialogueShiftConfig,
     FrozenTransition,
     run_dialogue_shift,
@@ -231,7 +231,7 @@ def test_plain_and_caa_equal_full_passes_with_the_vector_flipped_at_the_shift(ti
 
 def test_generated_turns_are_the_models_own_and_the_swap_changes_only_later_turns(tiny,
                                                                                  tokenizer):
-    from eval_harness.dialogue_shift import generate_case
+    from eval_harness.dialogue_shift.task import generate_case
 
     case, frozen = _tiny_case(), _tiny_frozen(tiny, tokenizer)
     stay = FrozenTransition(**{**vars(frozen), "banks": {"old": frozen.banks["old"],
@@ -248,7 +248,7 @@ def test_generated_turns_are_the_models_own_and_the_swap_changes_only_later_turn
 
 
 def test_style_judge_agrees_with_the_labelled_style_pairs():
-    from eval_harness.style_judge import StyleJudge, validate_style_judge
+    from eval_harness.dialogue_shift.style_judge import StyleJudge, validate_style_judge
 
     judge = StyleJudge()
     result = validate_style_judge(judge)
@@ -344,7 +344,7 @@ def test_a_bank_swap_moves_the_real_models_margin_towards_the_new_style(default_
 
 
 def test_summary_shift_and_switch_are_paired_by_case():
-    from eval_harness.dialogue_shift import summarize
+    from eval_harness.dialogue_shift.task import summarize
 
     def case(transition, turns, plain, memory):
         return {"id": f"{transition}-{turns}", "transition": transition, "turns": turns,

@@ -10,12 +10,18 @@ import jsonschema
 import pytest
 
 import hf_memory_cli as cli
-from eval_harness.bigfive import CALIBRATION_PROMPTS, TRAITS, item_prompt, load_items, summarize
+from eval_harness.bigfive.task import (
+    CALIBRATION_PROMPTS,
+    TRAITS,
+    item_prompt,
+    load_items,
+    summarize,
+)
 from eval_harness.metrics import METRICS_DIR, load_metric
 from eval_harness.names import FACTORS
 from eval_harness.report import render_report
 from eval_harness.runner import environment, validate_results
-from eval_harness.trait_steering import TraitSteeringConfig
+from eval_harness.trait_steering.task import TraitSteeringConfig
 from hf_memory.selector import Selector
 
 
@@ -32,7 +38,7 @@ def test_metric_doctests_pass_and_cards_exist(name):
 
 
 def test_item_file_has_50_items_10_per_factor_both_keyings():
-    data = json.loads((METRICS_DIR.parent / "data" / "ipip50.json").read_text())
+    data = json.loads((METRICS_DIR.parent / "bigfive" / "ipip50.json").read_text())
     assert "ipip.ori.org" in data["source"] and data["license"] == "public domain"
     items = load_items()
     assert len(items) == 50 and len({i["text"] for i in items}) == 50
@@ -175,8 +181,8 @@ def test_affect_lexicon_judge_beats_the_hand_lists_on_the_labelled_pairs():
 
 
 def test_bigfive_generation_records_and_reports_repetition(default_model, tmp_path):
-    from eval_harness.bigfive import BigFiveConfig
-    from eval_harness.bigfive_generation import run_bigfive_generation
+    from eval_harness.bigfive.generation import run_bigfive_generation
+    from eval_harness.bigfive.task import BigFiveConfig
     from eval_harness.judges import LexiconJudge
     from eval_harness.runner import run_task
     from hf_memory.text_quality import repetition

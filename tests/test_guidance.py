@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eval_harness.guidance import (
+from eval_harness.guidance.task import (
     RULES,
     GuidanceConfig,
     RuleJudge,
@@ -94,7 +94,7 @@ def test_end_to_end_on_a_tiny_model(default_model, tmp_path):
 
 
 def test_pair_log_probabilities_give_the_likelihood_probe_margins(default_model):
-    from eval_harness.guidance import _pair_logprobs
+    from eval_harness.guidance.task import _pair_logprobs
     from hf_memory import PromptMethod
     from hf_memory.likelihood import pair_margins
 

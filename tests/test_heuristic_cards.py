@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eval_harness.heuristic_cards import (
+from eval_harness.heuristic_cards.task import (
     CARDS,
     BoxedAnswerGrader,
     extract_boxed,

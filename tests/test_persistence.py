@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from eval_harness.persistence import PersistenceConfig, opposite_history, run_persistence
+from eval_harness.persistence.task import PersistenceConfig, opposite_history, run_persistence
 from eval_harness.runner import validate_results
-from eval_harness.trait_steering import TraitSteeringConfig, eval_pairs
+from eval_harness.trait_steering.task import TraitSteeringConfig, eval_pairs
 from hf_memory.calibration import calibration_pairs
 from hf_memory.likelihood import pair_margins
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from eval_harness.dialogue_shift import DialogueShiftConfig
-from eval_harness.trait_steering import bank_sources, behavioural_selector
+from eval_harness.dialogue_shift.task import DialogueShiftConfig
+from eval_harness.trait_steering.task import bank_sources, behavioural_selector
 from hf_memory import BankSet, MemoryBank, Selector
 from tests.tiny_models import tiny_model
 
@@ -51,7 +51,7 @@ def test_same_recipe_reuses_the_saved_selector_other_recipes_recalibrate(default
 
 @pytest.mark.slow
 def test_the_shipped_selectors_are_reused_whatever_the_thread_count(default_model, monkeypatch):
-    from eval_harness.trait_steering import TraitSteeringConfig, _bank
+    from eval_harness.trait_steering.task import TraitSteeringConfig, _bank
     from hf_memory.calibration import calibration_pairs, direction_parts
 
     model, tokenizer = default_model

@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from eval_harness.capability import capability_questions
+from eval_harness.capability.task import capability_questions
 from eval_harness.runner import run_task
-from eval_harness.tradeoff import TradeoffConfig, matched, run_tradeoff
-from eval_harness.tradeoff_report import render_tradeoff
-from eval_harness.trait_steering import TraitSteeringConfig, _bank, eval_pairs
+from eval_harness.tradeoff.report import render_tradeoff
+from eval_harness.tradeoff.task import TradeoffConfig, matched, run_tradeoff
+from eval_harness.trait_steering.task import TraitSteeringConfig, _bank, eval_pairs
 from hf_memory import BankSet, MemoryMethod, Selector
 from hf_memory.calibration import direction_parts, oriented
 from hf_memory.likelihood import pair_margins
@@ -46,10 +46,11 @@ def test_a_small_run_agrees_with_its_parts(default_model, monkeypatch, tmp_path)
     model, tokenizer = default_model
     selector = Selector(layers=[20], units={20: [0, 2]}, unit_type="kv_group",
                         layer_gains={20: 1.0}, candidate_layers=[20], strength=0.5)
-    monkeypatch.setattr("eval_harness.trait_steering.behavioural_selector",
+    monkeypatch.setattr("eval_harness.trait_steering.task.behavioural_selector",
                         lambda *args, **kwargs: selector)
     questions = capability_questions(1, 0)[:6]
-    monkeypatch.setattr("eval_harness.capability.capability_questions", lambda *args: questions)
+    monkeypatch.setattr("eval_harness.capability.task.capability_questions",
+                        lambda *args: questions)
     config = TradeoffConfig(directions=["N+"], memory_strengths=[0.5], caa_scales=[1.0],
                             passages=2, num_bootstrap=20)
     path = run_task("tradeoff", lambda: run_tradeoff(model, tokenizer, config), model=model,

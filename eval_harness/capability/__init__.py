@@ -1,0 +1,2 @@
+"""What steering costs on questions it should not touch: the task, its report and its payload
+schema."""

@@ -1,0 +1,1 @@
+"""Answer-format guidance rules: the task, its report, its rules and its payload schema."""

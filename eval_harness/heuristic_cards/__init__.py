@@ -1,0 +1,1 @@
+"""Heuristic-card banks for structured reasoning (HARDMath / PHYSICS)."""

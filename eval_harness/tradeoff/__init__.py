@@ -1,0 +1,1 @@
+"""Steering movement against its capability cost at matched strength: the task and its report."""

@@ -1,0 +1,2 @@
+"""Trait steering on the likelihood pairs: the task (calibration, sweeps, layer ablation), its
+report and its pairs."""
