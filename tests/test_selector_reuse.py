@@ -9,7 +9,7 @@ import pytest
 
 from eval_harness.dialogue_shift.task import DialogueShiftConfig
 from eval_harness.trait_steering.task import bank_sources, behavioural_selector
-from hf_memory import BankSet, MemoryBank, Selector
+from hf_memory import BankSet, MemoryBank, Selector, model_fingerprint
 from tests.tiny_models import tiny_model
 
 PAIRS = [("How are you?", "I am so worried.", "I am fine."),
@@ -47,6 +47,17 @@ def test_same_recipe_reuses_the_saved_selector_other_recipes_recalibrate(default
                              PAIRS, DRIFT, config, "x")
     with pytest.raises(AssertionError, match="recalibrated"):
         behavioural_selector(model, tokenizer, nudged, PAIRS[:1], DRIFT, config, "x")
+
+
+def test_a_selector_made_on_another_model_is_not_reused(default_model, tmp_path):
+    tokenizer = default_model[1]
+    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=1024)
+    config = DialogueShiftConfig(top_layers=2, gains=[1.0], selectors_dir=str(tmp_path))
+    # N+ names a selector shipped with the package, made on the default model
+    selector = behavioural_selector(model, tokenizer, _banks(model, tokenizer, "I worry."), PAIRS,
+                                    DRIFT, config, "N+")
+    assert selector.fingerprint == model_fingerprint(model)
+    assert Selector.from_pretrained(tmp_path / "N+", model=model).layers == selector.layers
 
 
 @pytest.mark.slow

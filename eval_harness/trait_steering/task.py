@@ -32,6 +32,7 @@ from hf_memory import (
     BankSet,
     CAAMethod,
     CAAVectors,
+    FingerprintMismatchError,
     MemoryBank,
     MemoryMethod,
     Method,
@@ -176,6 +177,15 @@ def _same_banks(saved: Selector, banks: BankSet, sources) -> bool:
             and source["templates"] == [recipe["template"]])
 
 
+def _made_on(selector: Selector, model) -> bool:
+    """The selector was calibrated on ``model`` (a dtype difference only warns)."""
+    try:
+        selector.check_model(model)
+    except FingerprintMismatchError:
+        return False
+    return True
+
+
 def neutral_control(model, tokenizer, config) -> BankSet | None:
     """The neutral bank set whose movement a budgeted search subtracts (built like the target
     bank, from the neutral text); None without a cost budget."""
@@ -188,13 +198,13 @@ def neutral_control(model, tokenizer, config) -> BankSet | None:
 def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
                          name: str, *, control: BankSet | None = None,
                          cost: NeutralCost | None = None) -> Selector:
-    """Reuse a frozen selector for the same banks, calibration pairs and objective (the one saved
-    under ``config.selectors_dir / name``, else the one shipped with the package under
-    ``name``), or calibrate one and save it there. ``config`` carries the search's knobs
-    (``top_layers``, ``candidate_layers``, ``gains``, ``uncertainty_weight``, ``batch_size``,
-    ``selectors_dir``, ``cost_budget``: with a budget, ``control`` is the neutral bank set and
-    ``cost`` the neutral text). Banks match by recipe (:func:`bank_sources`), so a selector is
-    reused across thread counts."""
+    """Reuse a frozen selector made on this model for the same banks, calibration pairs and
+    objective (the one saved under ``config.selectors_dir / name``, else the one shipped with the
+    package under ``name``, made on the default model), or calibrate one and save it there.
+    ``config`` carries the search's knobs (``top_layers``, ``candidate_layers``, ``gains``,
+    ``uncertainty_weight``, ``batch_size``, ``selectors_dir``, ``cost_budget``: with a budget,
+    ``control`` is the neutral bank set and ``cost`` the neutral text). Banks match by recipe
+    (:func:`bank_sources`), so a selector is reused across thread counts."""
     path = Path(config.selectors_dir) / name if config.selectors_dir else None
     budget = getattr(config, "cost_budget", None)  # a task without one searches unbudgeted
     wanted = {"pairs_sha256": pairs_digest(pairs, drift),
@@ -211,8 +221,9 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
     shipped = Path(str(selectors_dir())) / name
     for place in (path, shipped):
         if place is not None and (place / "selector.json").is_file():
-            saved = Selector.from_pretrained(place, model=model)
-            if (saved.candidate_layers == candidates and _same_banks(saved, banks, sources)
+            saved = Selector.from_pretrained(place)
+            if (_made_on(saved, model) and saved.candidate_layers == candidates
+                    and _same_banks(saved, banks, sources)
                     and all(saved.config.get(key) == value for key, value in wanted.items())):
                 return saved
     selector = Selector.calibrate_behavioural(
