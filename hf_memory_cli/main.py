@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .convert import add_convert_parser
     from .evaluation import add_eval_parsers
     from .memory import add_memory_parsers
+    from .playground import add_playground_parser
     from .publish import add_publish_parsers
+    from .steering import add_steering_parsers
 
     parser = argparse.ArgumentParser(
         prog="hf-memory",
@@ -33,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     add_memory_parsers(commands)
+    add_steering_parsers(commands)
+    add_playground_parser(commands)
     add_analyze_ffn_parser(commands)
     add_air_parsers(commands)
     add_arith_parsers(commands)
