@@ -13,7 +13,7 @@ FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith",
                 "asm-refinement": "asm"}
 TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
          "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories",
-         "capability", "persistence", "dialogue-shift", "guidance", "tradeoff")
+         "capability", "persistence", "dialogue-shift", "guidance", "tradeoff", "lm-eval")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")
 
 

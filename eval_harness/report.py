@@ -62,6 +62,10 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         from .asm_refinement.report import render_asm_refinement
 
         return render_asm_refinement(record, out)
+    if task == "lm-eval":
+        from .lm_eval_model.report import render_lm_eval
+
+        return render_lm_eval(record, out)
     if task in FAMILY_TASKS:
         from .family.report import render_family_report
 

@@ -25,6 +25,13 @@ def _csv(choices: tuple[str, ...]):
     return parse
 
 
+def _names(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
 def _csv_ints(choices: tuple[int, ...]):
     words = _csv(tuple(str(c) for c in choices))
     return lambda text: [int(v) for v in words(text)]
@@ -195,6 +202,37 @@ def _dialogue_shift(args: argparse.Namespace, model, tokenizer, out: Path) -> Pa
                     model=model, config=vars(config), seed=args.seed, out=out)
 
 
+def _lm_eval(args: argparse.Namespace, out: Path) -> Path:
+    """lm-eval's tasks on the model, steered by at most one of banks, CAA or a prompt."""
+    steering = [flag for flag, value in (("--banks", args.banks), ("--caa", args.caa),
+                                         ("--prompt", args.prompt)) if value is not None]
+    if len(steering) > 1:
+        raise ValueError(f"choose one steering: {' and '.join(steering)} were both given")
+    if args.tasks is None:
+        raise ValueError("lm-eval needs --tasks (e.g. hfm_capability_mc,hfm_trait_pairs)")
+    from eval_harness.family.task import family_fingerprint
+    from eval_harness.lm_eval_model.model import HFMemoryLM
+    from eval_harness.lm_eval_model.task import check_tasks, run_lm_eval
+    from eval_harness.runner import run_task
+
+    include = args.include_path or []
+    check_tasks(args.tasks, include)
+    model, tokenizer = _load_model(args.model)
+    lm = HFMemoryLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size,
+                    banks=args.banks, selector=args.selector, caa=args.caa, scale=args.scale,
+                    prompt=args.prompt)
+    config = {"model": args.model, "tasks": args.tasks, "include_path": include,
+              "limit": args.docs, "num_fewshot": args.num_fewshot,
+              "apply_chat_template": args.apply_chat_template, "batch_size": args.batch_size,
+              "banks": args.banks, "selector": args.selector, "caa": args.caa,
+              "scale": args.scale, "prompt": args.prompt}
+    return run_task("lm-eval", lambda: run_lm_eval(
+        lm, args.tasks, include_path=include, limit=args.docs, num_fewshot=args.num_fewshot,
+        apply_chat_template=args.apply_chat_template, seed=args.seed),
+        model=model, config=config, seed=args.seed, out=out,
+        fingerprint=family_fingerprint(model))
+
+
 def _suite(args: argparse.Namespace) -> None:
     """Run every entry of a suite file through ``eval`` and compare them in one report."""
     import yaml
@@ -244,6 +282,13 @@ def _eval(args: argparse.Namespace) -> None:
     out = Path(args.out or f"results/{args.task}")
     if args.task in FAMILY_TASKS:
         path = _family_task(args, out)
+        print(f"# wrote {path}")
+        for report in render_report(path):
+            print(f"# wrote {report}")
+        print((path.parent / "report.md").read_text())
+        return
+    if args.task == "lm-eval":
+        path = _lm_eval(args, out)
         print(f"# wrote {path}")
         for report in render_report(path):
             print(f"# wrote {report}")
@@ -442,6 +487,27 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="arith-splits: sequences per pool (default: 1024)")
     run.add_argument("--held-out-split", choices=("authors", "torch"), default="authors",
                      help="arith-splits: the held-out pairs the model was trained without")
+    run.add_argument("--tasks", type=_names, metavar="T,T,...",
+                     help="lm-eval: lm-evaluation-harness tasks, e.g. hfm_local (the offline "
+                          "ones shipped in eval_harness/lm_eval_model/tasks) or mmlu")
+    run.add_argument("--include-path", action="append", metavar="DIR",
+                     help="lm-eval: another folder of lm-eval task YAML (repeatable)")
+    run.add_argument("--banks", metavar="DIR", help="lm-eval: steer with this bank set (give "
+                                                    "--selector too)")
+    run.add_argument("--selector", metavar="DIR", help="lm-eval: the frozen selector of --banks")
+    run.add_argument("--caa", metavar="DIR", help="lm-eval: steer with these CAA vectors")
+    run.add_argument("--scale", type=finite, help="lm-eval: the CAA scale (default: the "
+                                                  "vectors' saved scale)")
+    run.add_argument("--prompt", metavar="TEXT",
+                     help="lm-eval: the prompt baseline: TEXT in the visible context")
+    run.add_argument("--docs", type=positive_int, metavar="N",
+                     help="lm-eval: at most N documents per task (lm-eval's --limit)")
+    run.add_argument("--num-fewshot", type=non_negative_int, metavar="K",
+                     help="lm-eval: few-shot examples (default: each task's own)")
+    run.add_argument("--apply-chat-template", action="store_true",
+                     help="lm-eval: render contexts through the model's chat template")
+    run.add_argument("--batch-size", type=positive_int, default=8,
+                     help="lm-eval: requests per forward pass (default: 8)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", metavar="DIR", help="output directory (default: results/<task>)")
     run.set_defaults(handler=_eval, eval_parser=run)
