@@ -166,20 +166,25 @@ def _selector_calibrate(args: argparse.Namespace) -> None:
           f"configurations in {time.perf_counter() - start:.0f}s; wrote {out}")
 
 
-def _sites(args: argparse.Namespace, model, banks) -> dict:
-    """``{"selector": ...}`` or ``{"layers": ...}`` for steering ``banks`` (None: plain)."""
-    if banks is None:
+def _check_sites(args: argparse.Namespace) -> None:
+    """Steering arguments that fit together (before any model is loaded)."""
+    if not args.banks:
         if args.selector or args.layers:
             raise CLIError("--selector and --layers steer banks: give --banks too")
-        return {}
+        return
     if args.selector and args.layers:
         raise CLIError("give --selector or --layers, not both")
     if not args.selector and not args.layers:
         raise CLIError("steering needs its sites: --selector DIR (hf-memory selector calibrate) "
                        "or hand-picked --layers, e.g. 12-16")
+
+
+def _sites(args: argparse.Namespace, model) -> dict:
+    """``{"selector": ...}``, ``{"layers": ...}`` or ``{}`` (plain), as :func:`_check_sites`
+    allowed."""
     if args.layers:
         return {"layers": args.layers}
-    return {"selector": _load_selector(args.selector, model)}
+    return {"selector": _load_selector(args.selector, model)} if args.selector else {}
 
 
 class _Chat:
@@ -188,9 +193,10 @@ class _Chat:
     def __init__(self, args: argparse.Namespace) -> None:
         from hf_memory.conversation import Conversation
 
+        _check_sites(args)
         self.model, self.tokenizer = load_model(args.model, args.revision)
         self.banks = _load_banks(args.banks, self.model) if args.banks else None
-        self.sites = _sites(args, self.model, self.banks)
+        self.sites = _sites(args, self.model)
         self.max_new_tokens = args.max_new_tokens
         self.conversation = Conversation(self.model, self.tokenizer, banks=self.banks,
                                          system=args.system, strength=args.strength,
@@ -303,9 +309,10 @@ def _generate(args: argparse.Namespace) -> None:
     from hf_memory.methods import MemoryMethod, generate_with
 
     prompts = _prompts(args)
+    _check_sites(args)
     model, tokenizer = load_model(args.model, args.revision)
     banks = _load_banks(args.banks, model) if args.banks else None
-    sites = _sites(args, model, banks)
+    sites = _sites(args, model)
     if banks is None:
         replies = generate_chat(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens)
     else:
