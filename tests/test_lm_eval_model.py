@@ -38,9 +38,9 @@ def steering(default_model):
     return {"banks": banks, "selector": shipped_selector("N+", model), "caa": vectors}
 
 
-def _lm(default_model, **kwargs) -> HFMemoryLM:
+def _lm(default_model, batch_size: int = 3, **kwargs) -> HFMemoryLM:
     model, tokenizer = default_model
-    return HFMemoryLM(pretrained=model, tokenizer=tokenizer, batch_size=3, **kwargs)
+    return HFMemoryLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, **kwargs)
 
 
 def _requests(lm, questions=QUESTIONS, replies=REPLIES) -> tuple[list, list]:
@@ -100,6 +100,38 @@ def test_prompt_loglikelihoods_equal_hf_memory_likelihood(default_model):
                                rtol=0, atol=2e-4)
 
 
+def test_memory_rolling_and_generation_equal_the_steered_model(default_model, steering):
+    """``loglikelihood_rolling`` and ``generate_until`` under banks: what the model computes
+    inside ``hf_memory.steer`` (a forward pass; ``generate()``) on the same tokens."""
+    from hf_memory import steer
+    from hf_memory.likelihood import log_probabilities
+
+    model, tokenizer = default_model
+    lm = _lm(default_model, batch_size=1, banks=steering["banks"],
+             selector=steering["selector"])
+    texts = [f"{q} {r}" for q in QUESTIONS for r in REPLIES]
+    rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i)
+                                        for i, t in enumerate(texts)])
+    prompts = [f"Question: {q}\nAnswer:" for q in QUESTIONS]
+    until = {"until": ["\n"], "max_gen_toks": 8, "do_sample": False}
+    generated = lm.generate_until([Instance("generate_until", {}, (p, dict(until)), i)
+                                   for i, p in enumerate(prompts)])
+    sums, replies = [], []
+    with steer(model, steering["banks"], selector=steering["selector"]), torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([[lm.prefix_token_id, *lm.tok_encode(text)]])
+            picked = log_probabilities(model(ids).logits)[0, :-1].gather(-1, ids[0, 1:, None])
+            sums.append(picked.double().sum().item())
+        for prompt in prompts:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            out = model.generate(ids, max_new_tokens=8, do_sample=False)
+            replies.append(tokenizer.decode(out[0, ids.shape[1]:],
+                                            skip_special_tokens=True).split("\n")[0])
+    torch.testing.assert_close(torch.tensor(rolling, dtype=torch.float64),
+                               torch.tensor(sums, dtype=torch.float64), rtol=0, atol=2e-4)
+    assert generated == replies
+
+
 def test_our_caa_equals_lm_evals_steered_model(default_model, steering, tmp_path):
     """lm-eval's ``steered`` type adds ``coefficient · vector`` to a module's output through
     its own hooks; at ``layers.L.self_attn`` that is where our CAA writes (a pre-norm Llama)."""
@@ -124,6 +156,7 @@ def test_our_caa_equals_lm_evals_steered_model(default_model, steering, tmp_path
     assert ours.generate_until(generate) == theirs.generate_until(generate)
 
 
+@pytest.mark.slow
 def test_simple_evaluate_runs_the_offline_tasks_into_our_schema(default_model, steering,
                                                                  tmp_path):
     from eval_harness.lm_eval_model.task import run_lm_eval
@@ -141,7 +174,7 @@ def test_simple_evaluate_runs_the_offline_tasks_into_our_schema(default_model, s
     assert {b["content_hash"] for b in record["results"]["steering"]["banks"]} == {
         b.content_hash() for b in steering["banks"].banks}
     assert 0 <= record["results"]["metrics"]["hfm_capability_mc/acc"] <= 1
-    assert "hfm_capability_gen/exact_match:strip" in record["results"]["metrics"]
+    assert "hfm_capability_gen/exact_match:last_answer" in record["results"]["metrics"]
     assert {p.name for p in render_report(path)} == {"report.md", "lm_eval.png"}
 
 
@@ -174,9 +207,12 @@ def test_unknown_task_is_one_clear_error():
         check_tasks(["hfm_capability_mc", "no_such_task"])
 
 
+@pytest.mark.slow
 def test_the_command_line_runs_lm_eval_steered_and_reports(default_model, steering, tmp_path,
                                                            capsys):
     import hf_memory_cli as cli
+    from eval_harness.family.task import family_fingerprint
+    from hub_cards.results_card import render_results_card
 
     steering["caa"].save_pretrained(tmp_path / "caa")
     out = tmp_path / "out"
@@ -188,3 +224,6 @@ def test_the_command_line_runs_lm_eval_steered_and_reports(default_model, steeri
     assert record["results"]["samples"] == {"hfm_trait_pairs": 2}
     assert "Steering: CAA at layers [10], scale 2.0" in capsys.readouterr().out
     assert cli.main(["report", str(out)]) in (0, None)
+    card = render_results_card(tmp_path, [record], family_fingerprint(default_model[0]))
+    assert "hfm_trait_pairs/acc" in card
+    assert "hf-memory eval lm-eval --model default --tasks hfm_trait_pairs --docs 2" in card

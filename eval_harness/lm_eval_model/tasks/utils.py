@@ -5,6 +5,7 @@ held-out trait likelihood pairs (``eval_harness/trait_steering/trait_pairs.json`
 from __future__ import annotations
 
 import json
+from itertools import chain, zip_longest
 from typing import Any
 
 from datasets import Dataset
@@ -15,21 +16,29 @@ from eval_harness.trait_steering.task import EVAL_PATH
 __all__ = ["capability", "trait_pairs"]
 
 
-def capability(additions: int = 20, seed: int = 0, **_: Any) -> dict[str, Dataset]:
-    """Seeded additions and the capitals: question, four choices, the right one's index."""
+def _round_robin(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row of each group in turn, so that lm-eval's ``--limit`` keeps every kind."""
+    return [row for row in chain.from_iterable(zip_longest(*groups)) if row is not None]
+
+
+def capability(additions: int = 30, seed: int = 0, **_: Any) -> dict[str, Dataset]:
+    """Seeded additions and the 30 capitals, alternating: question, four choices, the right
+    one's index and text."""
     rows = [{"kind": q["kind"], "question": q["question"], "choices": q["options"],
              "answer": q["answer"], "target": q["options"][q["answer"]]}
             for q in capability_questions(int(additions), int(seed))]
-    return {"test": Dataset.from_list(rows)}
+    return {"test": Dataset.from_list(_round_robin([[r for r in rows if r["kind"] == kind]
+                                                    for kind in ("arithmetic", "factual")]))}
 
 
 def trait_pairs(per_trait: int = 4, **_: Any) -> dict[str, Dataset]:
-    """The first ``per_trait`` held-out pairs of each Big Five trait: choice 0 is the
-    trait-high reply, choice 1 the trait-low one (accuracy = share where high is likelier)."""
-    rows, counts = [], {}
+    """The first ``per_trait`` held-out pairs of each Big Five trait, the traits in turn:
+    choice 0 is the trait-high reply, choice 1 the trait-low one (accuracy = share where the
+    high reply is the likelier)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
     for item in json.loads(EVAL_PATH.read_text())["items"]:
-        if counts.get(item["trait"], 0) < int(per_trait):
-            counts[item["trait"]] = counts.get(item["trait"], 0) + 1
-            rows.append({"trait": item["trait"], "question": item["question"],
-                         "choices": [item["high"], item["low"]], "answer": 0})
-    return {"test": Dataset.from_list(rows)}
+        group = groups.setdefault(item["trait"], [])
+        if len(group) < int(per_trait):
+            group.append({"trait": item["trait"], "question": item["question"],
+                          "choices": [item["high"], item["low"]], "answer": 0})
+    return {"test": Dataset.from_list(_round_robin(list(groups.values())))}
