@@ -87,6 +87,8 @@ def build_app(model, tokenizer):
         from hf_memory.bank_set import BankSet
 
         try:
+            if not folder.strip():
+                raise ValueError("give the bank set folder to load")
             banks = BankSet.from_pretrained(folder.strip(), model=model)
         except (ValueError, OSError) as error:
             return None, "**Error:** " + html.escape(str(error))
@@ -97,6 +99,8 @@ def build_app(model, tokenizer):
         from hf_memory.selector import Selector
 
         try:
+            if not folder.strip():
+                raise ValueError("give the selector folder to load")
             selector = Selector.from_pretrained(folder.strip(), model=model)
         except (ValueError, OSError) as error:
             return None, "**Error:** " + html.escape(str(error))

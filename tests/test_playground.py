@@ -155,7 +155,7 @@ def served_page(default_model, tmp_path):
 
 
 def test_the_page_in_chromium(served_page, tmp_path):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     url, _, other = served_page
     # a bank set for another model, to load on the page
@@ -190,16 +190,19 @@ def test_the_page_in_chromium(served_page, tmp_path):
             # an empty persona: one message on the page, the question kept
             page.fill("#persona textarea", "")
             page.click("#compare")
-            page.wait_for_function("document.querySelector('#error').innerText.includes("
-                                   "'persona text is empty')", timeout=180_000)
+            expect(page.locator("#error")).to_contain_text("persona text is empty",
+                                                           timeout=180_000)
             assert page.input_value("#question textarea") == "What do you do on a rainy day?"
 
             # a bank set made for another model: refused with the reason
             page.click("text=Bank sets and selectors (folders)")
-            page.fill("#bank-folder textarea", str(tmp_path / "foreign"))
+            folder = page.locator("#bank-folder textarea")
+            folder.fill(str(tmp_path / "foreign"))
+            folder.press("Tab")
+            expect(folder).to_have_value(str(tmp_path / "foreign"))
             page.click("#load-banks")
-            page.wait_for_function("document.querySelector('#status').innerText.includes("
-                                   "'made for a different model')", timeout=180_000)
+            expect(page.locator("#status")).to_contain_text("made for a different model",
+                                                            timeout=180_000)
         finally:
             browser.close()
     assert (tmp_path / "playground.png").stat().st_size > 10_000
