@@ -4,10 +4,11 @@ Times forward + backward + AdamW step of ``ASMForCausalLM`` and of the stock
 ``LlamaForCausalLM`` from ``matched_llama_config`` (same width, depth, heads, vocabulary and
 parameter count within 5 %) on the same random token batch, alternating the two so drift in the
 machine's load hits both, and prints the median step time, tokens per second and the ASM /
-Llama ratio. Defaults: the CPU-scale run of BENCHMARKS.md.
+Llama ratio, by the wall clock and by this thread's CPU time (with one torch thread the step's
+own work, whatever else runs on the machine). Defaults: the CPU-scale run of BENCHMARKS.md.
 
 Usage: python benchmarks/asm_training_step.py [--hidden 256] [--layers 4] [--heads 4]
-    [--block 128] [--batch 16] [--vocab 4096] [--repeats 10] [--threads 1]
+    [--block 128] [--batch 16] [--vocab 4096] [--chunk 64] [--repeats 10] [--threads 1]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--chunk", type=int, default=64, help="ASM scan chunk size")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -39,30 +41,34 @@ def main() -> None:
     torch.manual_seed(0)
     config = ASMConfig(vocab_size=args.vocab, hidden_size=args.hidden,
                        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                       max_position_embeddings=args.block, chunk_size=min(64, args.block))
+                       max_position_embeddings=args.block, chunk_size=min(args.chunk, args.block))
     models = {"asm": ASMForCausalLM(config),
               "llama": LlamaForCausalLM(matched_llama_config(config))}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
     batch = torch.randint(0, args.vocab, (args.batch, args.block))
     times: dict[str, list[float]] = {name: [] for name in models}
+    cpu: dict[str, list[float]] = {name: [] for name in models}
     for repeat in range(args.repeats + 1):
         for name, model in models.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             loss = model(input_ids=batch, labels=batch, use_cache=False).loss
             loss.backward()
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
             if repeat:  # the first round warms up
                 times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.thread_time() - start_cpu)
     print(f"# {platform.processor() or platform.machine()}, {args.threads} thread(s), torch "
-          f"{torch.__version__}; batch {args.batch} x {args.block} tokens")
+          f"{torch.__version__}; batch {args.batch} x {args.block} tokens, ASM chunk "
+          f"{config.chunk_size}")
     tokens = args.batch * args.block
     for name, model in models.items():
         median = statistics.median(times[name])
         print(f"{name:6s} {count_parameters(model):>11,} parameters  step {median * 1e3:8.1f} ms  "
-              f"{tokens / median:9.0f} tokens/s")
-    ratio = statistics.median(times["asm"]) / statistics.median(times["llama"])
-    print(f"asm / llama step time: {ratio:.2f}")
+              f"{tokens / median:9.0f} tokens/s  cpu {statistics.median(cpu[name]) * 1e3:8.1f} ms")
+    for label, runs in (("step time", times), ("cpu time", cpu)):
+        ratio = statistics.median(runs["asm"]) / statistics.median(runs["llama"])
+        print(f"asm / llama {label}: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 import modeling
 from hf_memory.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM, ASMModel, RefinementStats
-from modeling.asm.modeling_asm import _rotate, alibi_slopes
+from modeling.asm.modeling_asm import _rotate, _StepConstants, alibi_slopes
 from tests.remote_code import assert_remote_code_load_is_exact
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -151,6 +151,36 @@ def test_prefill_then_recurrent_decode_equals_full_forward(prefill):
                      use_cache=True)
         pieces.append(step.logits)
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL)
+
+
+@pytest.mark.parametrize("variant", ["default", "padded", "authors_options", "no_refinement"])
+def test_fused_decode_step_equals_reference_path(variant, monkeypatch):
+    """The fused decode step (taken when ASMModel hands its layers the per-token constants)
+    equals the chunked path on one position (the reference, taken here by withholding the
+    constants): logits and every cache tensor after each of 10 tokens, with left padding,
+    the authors' options (softplus-clamped gain, slot-space rotary) and without refinement."""
+    overrides = {"authors_options": dict(content_gain="softplus_clamp", slot_space_rope=True),
+                 "no_refinement": dict(use_slot_space_refinement=False)}.get(variant, {})
+    model = tiny_model(**overrides)
+    ids = torch.randint(1, VOCAB, (2, 16))
+    mask = torch.ones_like(ids)
+    if variant == "padded":
+        mask[1, :8] = 0  # row 1 still padding during the first decoded tokens
+    caches = [output_cache(model(ids[:, :3], attention_mask=mask[:, :3], use_cache=True))
+              for _ in range(2)]
+    for i in range(3, ids.shape[1]):
+        fast = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], **cache_kwargs(caches[0]),
+                     use_cache=True).logits
+        with monkeypatch.context() as patch:
+            patch.setattr(_StepConstants, "build", classmethod(lambda cls, *args: None))
+            slow = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
+                         **cache_kwargs(caches[1]), use_cache=True).logits
+        torch.testing.assert_close(fast, slow, **TOL)
+        for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+            for x, y in zip([a.scan.m, a.scan.den, a.scan.num, *(a.slot_space or ())],
+                            [b.scan.m, b.scan.den, b.scan.num, *(b.slot_space or ())],
+                            strict=True):
+                torch.testing.assert_close(x, y, **TOL)
 
 
 def test_recency_strength_4_prefill_equals_decode_and_chunk_1():

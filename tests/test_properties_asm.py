@@ -17,7 +17,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from modeling.asm import asa_attend_chunked, asa_attend_ref
-from modeling.asm.asm_kernels import _band_width, _scan_bands
+from modeling.asm.asm_kernels import (
+    _band_width,
+    _scan_bands,
+    asa_attend_step,
+    causal_linear_attention_chunked,
+    causal_linear_attention_step,
+)
 
 TOL32 = dict(rtol=1e-5, atol=1e-5)  # the tolerance of tests/test_asm_kernels.py
 TOL64 = dict(rtol=1e-9, atol=1e-9)
@@ -181,6 +187,72 @@ def test_prefill_then_token_by_token_decode_equals_one_pass(case, split):
     for a, e in zip((state.m, state.den, state.num), (full[3].m, full[3].den, full[3].num),
                     strict=True):
         torch.testing.assert_close(a, e, **TOL32)
+
+
+@PROPERTY
+@given(case=scan_cases(max_t=24), split=st.integers(0, 24), fused=st.booleans())
+def test_decode_step_equals_chunked_path_at_one_position(case, split, fused):
+    """The decode step (:func:`asa_attend_step`, the model's fast path) equals the chunked path
+    run on one position (the reference it replaces) at every position after a chunked prefill
+    of ``split`` positions: outputs ``(o, r, delta)`` (or the fused ``o + gate delta``) and the
+    state, and the decoded outputs equal the float64 reference (rtol = atol = 1e-5)."""
+    inputs = build(case)
+    t = case["shape"][1]
+    split = min(split, t - 1)
+    w = torch.randn(case["shape"][3], case["shape"][3],
+                    generator=torch.Generator().manual_seed(case["seed"] + 1))
+    kw = dict(read_temperature=0.8, refine=lambda r: torch.tanh(r @ w.to(r.dtype)),
+              gate=torch.tensor(0.3) if fused else None)
+
+    def part(lo: int, hi: int) -> dict:
+        return {n: (x[:, :, lo:hi] if x.dim() == 4 else x) for n, x in inputs.items()}
+
+    state = asa_attend_chunked(**part(0, split), chunk_size=case["chunk"], **kw)[3] if split \
+        else None
+    ref_state, pieces = state, []
+    for i in range(split, t):
+        fast = asa_attend_step(**part(i, i + 1), state=state, **kw)
+        slow = asa_attend_chunked(**part(i, i + 1), chunk_size=1, state=ref_state, **kw)
+        for a, e in zip(fast[:3], slow[:3], strict=True):
+            assert (a is None) == (e is None)
+            if a is not None:
+                assert torch.isfinite(a).all()
+                assert_close(a, e, TOL32)
+        state, ref_state = fast[3], slow[3]
+        for a, e in zip((state.m, state.den, state.num),
+                        (ref_state.m, ref_state.den, ref_state.num), strict=True):
+            assert_close(a, e, TOL32)
+        pieces.append(fast[0])
+    expected = asa_attend_ref(**inputs, **kw)[0][:, :, split:]
+    assert_close(torch.cat(pieces, dim=2).double(), expected, TOL32)
+
+
+@PROPERTY
+@given(b=st.integers(1, 2), t=st.integers(1, 12), m=st.integers(1, 5), split=st.integers(0, 12),
+       seed=st.integers(0, 2**31 - 1), padded=st.booleans())
+def test_linear_attention_step_equals_chunked_path(b, t, m, split, seed, padded):
+    """:func:`causal_linear_attention_step` from the state of a chunked prefill equals
+    :func:`causal_linear_attention_chunked` over the whole sequence, position by position, and
+    the final states agree; a padded (``phi_k = 0``) prefix reads zero."""
+    gen = torch.Generator().manual_seed(seed)
+    phi_q, phi_k = (torch.rand(b, 2, t, m, generator=gen) + 0.1 for _ in range(2))
+    v = torch.randn(b, 2, t, m, generator=gen)
+    if padded:
+        phi_k[:, :, : t // 2] = 0.0
+    split = min(split, t - 1)
+    full, (s_full, z_full) = causal_linear_attention_chunked(phi_q, phi_k, v, 4)
+    state, pieces = None, []
+    if split:
+        head, state = causal_linear_attention_chunked(
+            phi_q[:, :, :split], phi_k[:, :, :split], v[:, :, :split], 4)
+        pieces.append(head)
+    for i in range(split, t):
+        out, state = causal_linear_attention_step(
+            phi_q[:, :, i:i + 1], phi_k[:, :, i:i + 1], v[:, :, i:i + 1], state)
+        pieces.append(out)
+    torch.testing.assert_close(torch.cat(pieces, dim=2), full, **TOL32)
+    torch.testing.assert_close(state[0], s_full, **TOL32)
+    torch.testing.assert_close(state[1], z_full, **TOL32)
 
 
 @PROPERTY

@@ -7,9 +7,11 @@ from .asm_kernels import (
     asa_attend,
     asa_attend_chunked,
     asa_attend_ref,
+    asa_attend_step,
     causal_linear_attention,
     causal_linear_attention_chunked,
     causal_linear_attention_ref,
+    causal_linear_attention_step,
     slot_states_ref,
 )
 from .configuration_asm import ASMConfig
@@ -38,8 +40,10 @@ __all__ = [
     "asa_attend",
     "asa_attend_chunked",
     "asa_attend_ref",
+    "asa_attend_step",
     "causal_linear_attention",
     "causal_linear_attention_chunked",
     "causal_linear_attention_ref",
+    "causal_linear_attention_step",
     "slot_states_ref",
 ]

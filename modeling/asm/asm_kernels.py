@@ -16,10 +16,11 @@ width. Masked (padding) positions carry write logits of ``-inf`` and write nothi
 
 ``*_ref`` are the O(T^2) float64 references; ``*_chunked`` the PyTorch implementations (the
 default on CPU). Both chunked forms take and return the recurrent state, so prefill, chunked
-prefill and one-token decoding are the same code. ``slot_scan_fwd_kernel`` /
-``slot_scan_bwd_kernel`` are the Triton kernels of the scan + read (``slot_read_triton``,
-``slot_scores_triton``, ``asa_attend_triton``), ``linear_attn_fwd_kernel`` /
-``linear_attn_bwd_kernel`` those of the slot-space linear attention
+prefill and one-token decoding can run the same code; ``*_step`` are the same maths for one
+position in a few small ops (the model's decode step), tested against the chunked forms.
+``slot_scan_fwd_kernel`` / ``slot_scan_bwd_kernel`` are the Triton kernels of the scan + read
+(``slot_read_triton``, ``slot_scores_triton``, ``asa_attend_triton``),
+``linear_attn_fwd_kernel`` / ``linear_attn_bwd_kernel`` those of the slot-space linear attention
 (``causal_linear_attention_triton``); ``asa_attend`` and ``causal_linear_attention``
 dispatch. See README.md beside this file for the maths.
 """
@@ -38,10 +39,12 @@ __all__ = [
     "asa_attend",
     "asa_attend_chunked",
     "asa_attend_ref",
+    "asa_attend_step",
     "asa_attend_triton",
     "causal_linear_attention",
     "causal_linear_attention_chunked",
     "causal_linear_attention_ref",
+    "causal_linear_attention_step",
     "causal_linear_attention_triton",
     "slot_read_ref",
     "slot_read_triton",
@@ -180,7 +183,7 @@ def _scan_bands(logits: torch.Tensor, m: torch.Tensor, step: int, width: float) 
     idx = torch.arange(t, device=mu.device)
     starts = idx // step * step
     ends = torch.clamp(starts + step - 1, max=t - 1)
-    written = torch.isfinite(mu)
+    written = mu > float("-inf")
     level = torch.floor(torch.where(written, mu.index_select(2, ends) - mu,
                                     torch.zeros_like(mu)) / width)
     if not bool(level.any()):  # the usual case: one reference per chunk
@@ -241,19 +244,23 @@ def asa_attend_chunked(
     step = max(1, min(chunk_size, t))
     width = _band_width(dt)
     bands = _scan_bands(logits, m, step, width)
-    tril = torch.ones(step, step, dtype=torch.bool, device=v.device).tril()
+    upper = torch.ones(step, step, dtype=torch.bool, device=v.device).triu(1)
     saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
     reads: list[torch.Tensor] = []
-    for i, start in enumerate(range(0, t, step)):
-        end = min(t, start + step)
-        n = end - start
+    # chunks by split, not slicing: the backward of a split is one concatenation, where each
+    # slice's backward would fill a zero tensor of the whole input
+    v_chunks = v.split(step, dim=2)
+    chunks = zip(logits.split(step, dim=2), v_chunks, q.split(step, dim=2),
+                 key_logits.split(step, dim=2), strict=True)
+    for i, (lc, vc, qc, kc) in enumerate(chunks):
+        start = i * step
+        n = lc.shape[2]
+        end = start + n
         nb = bands.count[i]
-        mask = tril[:n, :n]
-        lc, vc, qc = logits[:, :, start:end], v[:, :, start:end], q[:, :, start:end]
         mu = bands.mu[:, :, start:end]  # [B, H, n, K], detached
-        written = torch.isfinite(mu)
+        written = mu > float("-inf")
         c = mu[:, :, -1]
-        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # [B, H, K]
+        c = torch.where(c > float("-inf"), c, 0.0)  # [B, H, K]
         if nb == 1:  # every position against c: l - c <= 0, nothing to clamp
             refs = c.unsqueeze(2)  # [B, H, 1, K]
             in_band = written.unsqueeze(3)
@@ -265,7 +272,7 @@ def asa_attend_chunked(
                               float("-inf"))
             refs = torch.full((b, h, nb, k), float("-inf"), device=v.device, dtype=dt)
             refs = refs.scatter_reduce(2, rank, ref, "amax")  # one value per (band, slot)
-            refs = torch.where(torch.isfinite(refs), refs, c.unsqueeze(2))  # [B, H, J, K]
+            refs = torch.where(refs > float("-inf"), refs, c.unsqueeze(2))  # [B, H, J, K]
             in_band = written.unsqueeze(3) & (rank.unsqueeze(3) == torch.arange(
                 nb, device=v.device)[:, None])
             # the clamp only touches terms that no position of the band reads
@@ -277,12 +284,11 @@ def asa_attend_chunked(
                           torch.zeros_like(denom)).flatten(3)  # [B, H, n, J K]
         e = e.flatten(3)
         num_prev = (num.unsqueeze(2) * carry.unsqueeze(-1)).flatten(2, 3)  # [B, H, J K, d]
-        qv = (qc @ vc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # [B, H, n, n]
+        qv = (qc @ vc.transpose(-1, -2)).masked_fill(upper[:n, :n], 0.0)  # [B, H, n, n]
         content = (qc @ num_prev.transpose(-1, -2) + qv @ e) * inv
         if nb > 1:
             content = content.view(b, h, n, nb, k).sum(dim=3)
-        reads.append(torch.softmax((key_logits[:, :, start:end] + gamma * content)
-                                   / read_temperature, dim=-1))
+        reads.append(torch.softmax((kc + gamma * content) / read_temperature, dim=-1))
         saved.append((e, inv, num_prev, nb))
         m = mu[:, :, -1]
         e0, num0 = (e, num_prev) if nb == 1 else (e[..., :k], num_prev[:, :, :k])  # band 0: c
@@ -293,19 +299,66 @@ def asa_attend_chunked(
 
     def contract(a: torch.Tensor) -> torch.Tensor:
         outs = []
-        for i, (e, inv, num_prev, nb) in enumerate(saved):
-            start = i * step
+        for ac, vc, (e, inv, num_prev, nb) in zip(a.split(step, dim=2), v_chunks, saved,
+                                                  strict=True):
             n = e.shape[2]
-            ac = a[:, :, start:start + n]
             ac = (ac.repeat(1, 1, 1, nb) if nb > 1 else ac) * inv  # [B, H, n, J K]
-            intra = (ac @ e.transpose(-1, -2)).masked_fill(~tril[:n, :n], 0.0)
-            outs.append(ac @ num_prev + intra @ v[:, :, start:start + n])
+            intra = (ac @ e.transpose(-1, -2)).masked_fill(upper[:n, :n], 0.0)
+            outs.append(ac @ num_prev + intra @ vc)
         return torch.cat(outs, dim=2)
 
     final = ScanState(m=m, den=den, num=num)
     if w is not None and gate is not None:
         return contract(r + torch.as_tensor(gate, dtype=dt, device=v.device) * w), r, None, final
     return contract(r), r, contract(w) if w is not None else None, final
+
+
+def asa_attend_step(
+    logits: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    key_logits: torch.Tensor,
+    gamma: torch.Tensor | float,
+    read_temperature: float = 1.0,
+    refine: Refine | None = None,
+    state: ScanState | None = None,
+    gate: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
+    """One position of :func:`asa_attend_chunked` (``T = 1``, same arguments and results): the
+    decode step, in a few small ops.
+
+    With ``c = max(m, l)`` (0 before a slot's first write) the state becomes
+    ``den' = den e^(m - c) + e^(l - c)``, ``num' = num e^(m - c) + e^(l - c) v``; the slots are
+    ``num' / max(den', 1)``: ``den' >= 1`` once a slot is written (its largest term is
+    ``e^0``) and ``den' = num' = 0`` before, where a slot reads zero.
+    """
+    b, h, _, k = logits.shape
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    if state is None:
+        state = ScanState.empty(b, h, k, v.shape[-1], v.device, dt)
+    tensors = (logits, v, q, key_logits, state.m, state.den, state.num)
+    if any(x.dtype != dt for x in tensors):
+        tensors = tuple(x.to(dt) for x in tensors)
+    logits, v, q, key_logits, m, den, num = tensors
+    lg = logits[:, :, 0]  # [B, H, K]
+    mu = torch.maximum(m, lg)
+    c = torch.where(mu == float("-inf"), 0.0, mu)
+    carry, e = torch.exp(m - c), torch.exp(lg - c)
+    den = den * carry + e
+    num = torch.addcmul(num * carry.unsqueeze(-1), e.unsqueeze(-1), v)
+    slots = num / den.clamp_min(1.0).unsqueeze(-1)  # [B, H, K, d]
+    if isinstance(gamma, torch.Tensor) and gamma.dim() == 1:
+        gamma = gamma.to(dt).view(1, -1, 1, 1)
+    read = torch.addcmul(key_logits, q @ slots.transpose(-1, -2),
+                         torch.as_tensor(gamma, dtype=dt))  # [B, H, 1, K]
+    r = torch.softmax(read if read_temperature == 1.0 else read / read_temperature, dim=-1)
+    final = ScanState(m=mu, den=den, num=num)
+    if refine is None:
+        return r @ slots, r, None, final
+    w = refine(r).to(dt)
+    if gate is not None:
+        return torch.addcmul(r, torch.as_tensor(gate, dtype=dt), w) @ slots, r, None, final
+    return r @ slots, r, w @ slots, final
 
 
 def _use_triton(backend: str, like: torch.Tensor) -> bool:
@@ -382,18 +435,41 @@ def causal_linear_attention_chunked(
     else:
         s, z = state[0].to(dt), state[1].to(dt)
     step = max(1, min(chunk_size, t))
-    tril = torch.ones(step, step, dtype=torch.bool, device=v.device).tril()
+    upper = torch.ones(step, step, dtype=torch.bool, device=v.device).triu(1)
     outs = []
-    for start in range(0, t, step):
-        end = min(t, start + step)
-        qc, kc, vc = phi_q[:, :, start:end], phi_k[:, :, start:end], v[:, :, start:end]
-        scores = (qc @ kc.transpose(-1, -2)).masked_fill(~tril[:end - start, :end - start], 0.0)
+    chunks = zip(phi_q.split(step, dim=2), phi_k.split(step, dim=2), v.split(step, dim=2),
+                 strict=True)
+    for qc, kc, vc in chunks:  # split: one concatenation in the backward, not a zero fill each
+        n = qc.shape[2]
+        scores = (qc @ kc.transpose(-1, -2)).masked_fill(upper[:n, :n], 0.0)
         numer = qc @ s + scores @ vc
         denom = (qc * z.unsqueeze(2)).sum(-1, keepdim=True) + scores.sum(-1, keepdim=True)
         outs.append(numer * _safe_reciprocal(denom))
         s = s + kc.transpose(-1, -2) @ vc
         z = z + kc.sum(dim=2)
     return torch.cat(outs, dim=2), (s, z)
+
+
+def causal_linear_attention_step(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One position of :func:`causal_linear_attention_chunked` (``T = 1``, same arguments and
+    results): ``S' = S + phi_k^T v``, ``Z' = Z + phi_k``, ``out = phi_q S' / (phi_q . Z')``
+    (0 while ``phi_q . Z' = 0``, nothing written)."""
+    dt = torch.promote_types(phi_q.dtype, torch.float32)
+    phi_q, phi_k = phi_q.to(dt), phi_k.to(dt)
+    if state is None:
+        b, h, _, mm = phi_q.shape
+        state = (torch.zeros(b, h, mm, v.shape[-1], device=v.device, dtype=dt),
+                 torch.zeros(b, h, mm, device=v.device, dtype=dt))
+    s = torch.addcmul(state[0].to(dt), phi_k.transpose(-1, -2), v.to(dt))  # [B, H, M, M]
+    z = state[1].to(dt) + phi_k[:, :, 0]
+    # phi_q . Z' is 0 only where nothing was written (then phi_q S' = 0 too) or subnormal
+    # (where the reference's reciprocal overflows): the floor keeps the read finite.
+    return (phi_q @ s) / (phi_q @ z.unsqueeze(-1)).clamp_min(torch.finfo(dt).tiny), (s, z)
 
 
 def causal_linear_attention(

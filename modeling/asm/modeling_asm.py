@@ -25,7 +25,14 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
-from .asm_kernels import ScanState, asa_attend, causal_linear_attention
+from .asm_kernels import (
+    ScanState,
+    _use_triton,
+    asa_attend,
+    asa_attend_step,
+    causal_linear_attention,
+    causal_linear_attention_step,
+)
 from .configuration_asm import ASMConfig
 
 __all__ = [
@@ -75,14 +82,27 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
+def _rotary_tables(positions: torch.Tensor, width: int,
+                   theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([cos, cos], [-sin, sin])`` ``[B, 1, T, width]`` (float32) of the rotary map at
+    ``positions [B, T]``; computed once per forward and shared by every layer."""
+    half = width // 2
+    inv_freq = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[:, None, :, None] * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def _apply_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate ``x [B, H, T, d]`` by :func:`_rotary_tables` (half-split layout):
+    ``(x1 cos - x2 sin, x2 cos + x1 sin)`` as ``x C + [x2, x1] S``."""
+    cos, sin = (y.to(x.dtype) for y in tables)
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary map (half-split layout, a true rotation): ``x [B, H, T, d]``, ``positions [B, T]``."""
-    half = x.shape[-1] // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.to(torch.float32)[:, None, :, None] * inv_freq  # [B, 1, T, d/2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return _apply_rotary(x, _rotary_tables(positions, x.shape[-1], theta))
 
 
 @dataclass
@@ -113,6 +133,78 @@ class RefinementStats:
     routing_inertia: torch.Tensor
     gate: torch.Tensor
     mask: torch.Tensor
+
+
+@dataclass
+class _StepConstants:
+    """What every layer's decode step needs beyond its weights, made once per forward
+    (:meth:`build`) so the 21 steps of a token read neither the config nor the positions again.
+
+    Attributes:
+        rotary: the write keys' :func:`_rotary_tables` ``[B, 1, 1, d]`` (None without rotary).
+        positions: ``[B, 1, 1]`` position ids in float32 (recency bias, slot-space rotary).
+        position_ids: ``[B, 1]`` position ids.
+        valid: ``[B, 1, 1, 1]`` real-token mask in float32, or None when every row is real.
+        invalid: ``[B, 1, 1]``, True at padding, or None when every row is real.
+        write_scale: ``head_dim^-0.5 / write_temperature``.
+        recency: add the recency bias.
+        content_gain: ``config.content_gain``, or None without the content read.
+        max_gamma: ``config.content_read_max_gamma``.
+        refinement: use the slot-space refinement.
+        slot_space_rope: ``config.slot_space_rope_theta``, or None without slot-space rotary.
+        read_temperature: ``config.read_temperature``.
+        slot_dropout: ``config.slot_dropout``.
+        torch_backend: ``config.scan_backend`` resolves to PyTorch (else the step is not taken).
+    """
+
+    rotary: tuple[torch.Tensor, torch.Tensor] | None
+    positions: torch.Tensor
+    position_ids: torch.Tensor
+    valid: torch.Tensor | None
+    invalid: torch.Tensor | None
+    write_scale: float
+    recency: bool
+    content_gain: str | None
+    max_gamma: float
+    refinement: bool
+    slot_space_rope: float | None
+    read_temperature: float
+    slot_dropout: float
+    torch_backend: bool
+
+    @classmethod
+    def build(cls, config: ASMConfig, positions: torch.Tensor, valid: torch.Tensor,
+              rotary: tuple[torch.Tensor, torch.Tensor] | None) -> _StepConstants:
+        """From ``positions, valid [B, 1]`` and the write keys' rotary tables."""
+        c = config
+        padded = not bool(valid.all())
+        return cls(
+            rotary=rotary, positions=positions.to(torch.float32)[:, :, None],
+            position_ids=positions,
+            valid=valid.to(torch.float32)[:, :, None, None] if padded else None,
+            invalid=~valid[:, :, None] if padded else None,
+            write_scale=c.head_dim ** -0.5 / c.write_temperature,
+            recency=c.use_recency_bias,
+            content_gain=c.content_gain if c.use_content_read else None,
+            max_gamma=c.content_read_max_gamma, refinement=c.use_slot_space_refinement,
+            slot_space_rope=c.slot_space_rope_theta if c.slot_space_rope else None,
+            read_temperature=c.read_temperature, slot_dropout=c.slot_dropout,
+            torch_backend=not _use_triton(c.scan_backend, positions))
+
+
+def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)``, as ``F.linear`` without the module call when it is a plain bias-free
+    ``nn.Linear`` (an adapter such as peft's LoRA wraps it in another type, which is called)."""
+    if type(linear) is nn.Linear and linear.bias is None:
+        return F.linear(x, linear.weight)
+    return linear(x)
+
+
+def _content_gain(raw: torch.Tensor, gain: str, max_gamma: float) -> torch.Tensor:
+    """``gamma`` from its raw parameter (see :attr:`ASAAttention.gamma`)."""
+    if gain == "softplus_clamp":
+        return F.softplus(raw).clamp(max=max_gamma)
+    return max_gamma * torch.sigmoid(raw)
 
 
 class ASMCacheLayer:
@@ -235,6 +327,8 @@ class ASAAttention(nn.Module):
             self.refinement_gate_raw = nn.Parameter(torch.empty(()))
         self.slot_space_dropout = nn.Dropout(config.dropout)
         self.intervention: tuple[list[float], list[float]] = ([1.0] * h, [1.0] * h)
+        self._plain = True  # no intervention: every coefficient is 1
+        self._slopes: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def reset_parameters(self) -> None:
         """Initial values of the ASA-specific parameters (the projections are nn.Linear's)."""
@@ -259,13 +353,12 @@ class ASAAttention(nn.Module):
         (the authors' code) ``gamma = min(softplus(raw), max_gamma)`` in ``(0, max_gamma]``,
         with zero gradient to ``raw`` where clamped."""
         c = self.config
-        if c.content_gain == "softplus_clamp":
-            return F.softplus(self.content_gamma_raw).clamp(max=c.content_read_max_gamma)
-        return c.content_read_max_gamma * torch.sigmoid(self.content_gamma_raw)
+        return _content_gain(self.content_gamma_raw, c.content_gain, c.content_read_max_gamma)
 
     def set_intervention(self, parallel: Sequence[float], orthogonal: Sequence[float]) -> None:
         """Per-head coefficients of the parallel and orthogonal parts of ``g Delta``."""
         self.intervention = (list(map(float, parallel)), list(map(float, orthogonal)))
+        self._plain = all(x == 1.0 for x in self.intervention[0] + self.intervention[1])
 
     def _refine(
         self, positions: torch.Tensor, valid: torch.Tensor, layer_cache: ASMCacheLayer | None
@@ -279,8 +372,7 @@ class ASAAttention(nn.Module):
         rope = c.slot_space_rope
 
         def refine(r: torch.Tensor) -> torch.Tensor:
-            u = self.slot_in(r.to(self.slot_in.weight.dtype))  # [B, H, T, M]
-            q_s, k_s = self.slot_q(u), self.slot_k(u)
+            q_s, k_s, v_s = self._slot_qkv(r)  # [B, H, T, M]
             if rope:
                 q_s = _rotate(q_s, positions, c.slot_space_rope_theta)
                 k_s = _rotate(k_s, positions, c.slot_space_rope_theta)
@@ -288,10 +380,91 @@ class ASAAttention(nn.Module):
             phi_k = (F.elu(k_s) + 1.0) * valid[:, None, :, None]
             state = layer_cache.slot_space if layer_cache is not None else None
             u2, new_state = causal_linear_attention(
-                phi_q, phi_k, self.slot_v(u), c.chunk_size, state, c.scan_backend)
+                phi_q, phi_k, v_s, c.chunk_size, state, c.scan_backend)
             if layer_cache is not None:
                 layer_cache.slot_space = new_state
-            u2 = self.slot_space_dropout(u2.to(u.dtype))
+            u2 = self.slot_space_dropout(u2.to(v_s.dtype))
+            return torch.tanh(self.slot_out(u2))
+
+        return refine
+
+    def _slot_qkv(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Slot-space ``q, k, v = W_{q,k,v} W_in r`` ``[B, H, T, M]`` each from ``r [B, H, T, K]``:
+        one product with ``[W_q; W_k; W_v] W_in`` when the five maps are plain ``nn.Linear``s,
+        module by module otherwise (adapters such as peft's LoRA wrap them)."""
+        maps = (self.slot_in, self.slot_q, self.slot_k, self.slot_v)
+        if any(type(x) is not nn.Linear for x in maps):
+            u = self.slot_in(r.to(self.slot_in.weight.dtype))
+            return self.slot_q(u), self.slot_k(u), self.slot_v(u)
+        w_in = self.slot_in.weight
+        qkv = torch.cat((self.slot_q.weight, self.slot_k.weight, self.slot_v.weight)) @ w_in
+        return F.linear(r.to(w_in.dtype), qkv).chunk(3, dim=-1)
+
+    def _alibi_slopes(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """:func:`alibi_slopes` ``[H]`` as a tensor, made once per device and dtype."""
+        slopes = self._slopes.get((device, dtype))
+        if slopes is None:
+            slopes = torch.tensor(alibi_slopes(self.num_heads), device=device, dtype=dtype)
+            self._slopes[(device, dtype)] = slopes
+        return slopes
+
+    def _step(self, hidden: torch.Tensor, layer_cache: ASMCacheLayer,
+              k: _StepConstants) -> torch.Tensor:
+        """The decode step: :meth:`forward` for one position with a cache, no statistics and
+        no intervention, in few ops (:func:`asa_attend_step`, the slot-space
+        :func:`causal_linear_attention_step`, the constants of ``k``); the same maths as the
+        chunked path, which stays the reference. ``hidden [B, 1, D]`` -> ``[B, 1, D]``."""
+        b = hidden.shape[0]
+        h, d = self.num_heads, self.head_dim
+        dt = torch.promote_types(hidden.dtype, torch.float32)
+        q = _project(self.q_proj, hidden).view(b, h, 1, d)
+        key = _project(self.k_proj, hidden).view(b, h, 1, d)
+        v = _project(self.v_proj, hidden).view(b, h, 1, d)
+        if k.rotary is not None:
+            key = _apply_rotary(key, k.rotary)
+        q = q * d ** -0.5
+        both = torch.cat((key, q), dim=2).transpose(-1, -2)  # [B, H, d, 2]
+        logits, key_logits = (self.slot_keys @ both).to(dt).unbind(-1)  # [B, H, K]
+        logits = logits * k.write_scale
+        if k.recency:
+            strength = F.softplus(self.recency_strength_raw).to(dt)
+            logits = torch.addcmul(
+                logits, (strength * self._alibi_slopes(hidden.device, dt))[:, None], k.positions)
+        if k.invalid is not None:
+            logits = logits.masked_fill(k.invalid, float("-inf"))
+        logits, key_logits = logits.unsqueeze(2), key_logits.unsqueeze(2)
+        if self.training and k.slot_dropout > 0:
+            drop = torch.rand(b, h, 1, self.num_slots, device=hidden.device) < k.slot_dropout
+            key_logits = key_logits.masked_fill(drop & ~drop.all(dim=-1, keepdim=True),
+                                                float("-inf"))
+        gamma = (0.0 if k.content_gain is None
+                 else _content_gain(self.content_gamma_raw, k.content_gain, k.max_gamma))
+        refine, gate = None, None
+        if k.refinement:
+            refine, gate = self._refine_step(layer_cache, k), F.softplus(self.refinement_gate_raw)
+        o, _, _, layer_cache.scan = asa_attend_step(
+            logits, v, q, key_logits, gamma, k.read_temperature, refine,
+            layer_cache.scan, gate)
+        return _project(self.o_proj, o.to(hidden.dtype).view(b, 1, h * d))
+
+    def _refine_step(self, layer_cache: ASMCacheLayer,
+                     k: _StepConstants) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:meth:`_refine` for one position (``r [B, H, 1, K]``) on the decode step of the
+        slot-space linear attention."""
+
+        def refine(r: torch.Tensor) -> torch.Tensor:
+            q_s, k_s, v_s = self._slot_qkv(r)  # [B, H, 1, M]
+            if k.slot_space_rope is not None:
+                q_s = _rotate(q_s, k.position_ids, k.slot_space_rope)
+                k_s = _rotate(k_s, k.position_ids, k.slot_space_rope)
+            phi_k = F.elu(k_s) + 1.0
+            if k.valid is not None:
+                phi_k = phi_k * k.valid
+            u2, layer_cache.slot_space = causal_linear_attention_step(
+                F.elu(q_s) + 1.0, phi_k, v_s, layer_cache.slot_space)
+            u2 = u2.to(v_s.dtype)
+            if self.training:
+                u2 = self.slot_space_dropout(u2)
             return torch.tanh(self.slot_out(u2))
 
         return refine
@@ -303,22 +476,33 @@ class ASAAttention(nn.Module):
         valid: torch.Tensor,
         layer_cache: ASMCacheLayer | None = None,
         output_stats: bool = False,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        step: _StepConstants | None = None,
     ) -> tuple[torch.Tensor, RefinementStats | None]:
-        """``hidden [B, T, D]``, ``positions [B, T]`` (position ids), ``valid [B, T]`` (bool)."""
+        """``hidden [B, T, D]``, ``positions [B, T]`` (position ids), ``valid [B, T]`` (bool);
+        ``rotary``: the write keys' :func:`_rotary_tables` at ``positions`` (computed here if
+        not given). Given ``step`` (one position, from :class:`ASMModel`) with a cache, no
+        statistics and no intervention, this is the decode step :meth:`_step` unless the Triton
+        backend is chosen; otherwise the chunked path (the reference)."""
         c = self.config
         b, t, _ = hidden.shape
+        if (step is not None and step.torch_backend and layer_cache is not None
+                and not output_stats and self._plain):
+            return self._step(hidden, layer_cache, step), None
         h, d, k = self.num_heads, self.head_dim, self.num_slots
         q = self.q_proj(hidden).view(b, t, h, d).transpose(1, 2)
         key = self.k_proj(hidden).view(b, t, h, d).transpose(1, 2)
         v = self.v_proj(hidden).view(b, t, h, d).transpose(1, 2)
         if c.write_key_position == "rotary":
-            key = _rotate(key, positions, c.rope_theta)
+            if rotary is None:
+                rotary = _rotary_tables(positions, d, c.rope_theta)
+            key = _apply_rotary(key, rotary)
         scale = d ** -0.5
         stat_dtype = torch.promote_types(hidden.dtype, torch.float32)
         logits = torch.einsum("bhtd,hkd->bhtk", key, self.slot_keys).to(stat_dtype)
         logits = logits * (scale / c.write_temperature)
         if c.use_recency_bias:
-            slopes = torch.tensor(alibi_slopes(h), device=hidden.device, dtype=stat_dtype)
+            slopes = self._alibi_slopes(hidden.device, stat_dtype)
             strength = F.softplus(self.recency_strength_raw).to(stat_dtype)
             logits = logits + (strength * slopes)[None, :, None, None] * positions.to(
                 stat_dtype)[:, None, :, None]
@@ -413,13 +597,17 @@ class ASMBlock(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                layer_cache: ASMCacheLayer | None, output_stats: bool
+                layer_cache: ASMCacheLayer | None, output_stats: bool,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+                step: _StepConstants | None = None,
                 ) -> tuple[torch.Tensor, RefinementStats | None]:
         attn, stats = self.self_attn(self.input_layernorm(hidden), positions, valid, layer_cache,
-                                     output_stats)
-        hidden = hidden + self.dropout(attn)
-        hidden = hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
-        return hidden, stats
+                                     output_stats, rotary, step)
+        if self.training:  # dropout is the identity in eval: skip its call on the decode path
+            attn = self.dropout(attn)
+        hidden = hidden + attn
+        mlp = self.mlp(self.post_attention_layernorm(hidden))
+        return hidden + (self.dropout(mlp) if self.training else mlp), stats
 
 
 @dataclass
@@ -593,12 +781,18 @@ class ASMModel(ASMPreTrainedModel):
             start = cache.next_position
         positions = (start[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
         hidden = self.dropout(hidden)
+        rotary = None
+        if self.config.write_key_position == "rotary":
+            rotary = _rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
+        step = None
+        if t == 1 and cache is not None:
+            step = _StepConstants.build(self.config, positions, valid, rotary)
         states: list[torch.Tensor] = [hidden]
         stats: list[RefinementStats] = []
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layers[i] if cache is not None else None
             hidden, layer_stats = layer(hidden, positions, valid, layer_cache,
-                                        output_refinement_stats)
+                                        output_refinement_stats, rotary, step)
             states.append(hidden)
             if layer_stats is not None:
                 stats.append(layer_stats)
@@ -664,9 +858,10 @@ class ASMForCausalLM(ASMPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         loss = None
         if labels is not None:
-            shift_logits = logits[:, :-1].float()
-            shift_labels = labels[:, 1:].to(logits.device)
-            loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
+            # shift the labels, not the logits: slicing [B, T, V] logits would copy them (and
+            # fill a zero tensor of their size in the backward)
+            shift_labels = F.pad(labels.to(logits.device), (0, 1), value=-100)[:, 1:]
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                                    shift_labels.reshape(-1), ignore_index=-100)
         output = ASMCausalLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                    refinement_stats=out.refinement_stats,
