@@ -9,7 +9,7 @@ from pathlib import Path
 from eval_harness.dialogue_shift.cases import SHIFT_TURN, TRANSITIONS
 from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, RULES, TASKS
 
-from .errors import CLIError
+from .model_loading import load_model
 from .types import finite, non_negative, non_negative_int, positive_int
 
 __all__ = ["add_eval_parsers"]
@@ -76,31 +76,6 @@ def _layer_spec(text: str) -> list[int]:
         return parse_layers(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _load_model(name: str):
-    from hf_memory.embedded import (
-        EMBEDDED_MODELS,
-        EmbeddedModelUnavailableError,
-        load_embedded_model,
-    )
-
-    if name == "default" or name in EMBEDDED_MODELS:
-        try:
-            return load_embedded_model("smollm2-135m-instruct" if name == "default" else name)
-        except EmbeddedModelUnavailableError as error:
-            raise CLIError(str(error)) from error
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(name).eval()
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as error:  # no such folder / a folder of something else
-        raise ValueError(f"cannot load model {name!r}: {str(error).splitlines()[0]}") from None
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
 
 
 def _family_task(args: argparse.Namespace, out: Path) -> Path:
@@ -217,7 +192,7 @@ def _lm_eval(args: argparse.Namespace, out: Path) -> Path:
 
     include = args.include_path or []
     check_tasks(args.tasks, include)
-    model, tokenizer = _load_model(args.model)
+    model, tokenizer = load_model(args.model)
     lm = HFMemoryLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size,
                     banks=args.banks, selector=args.selector, caa=args.caa, scale=args.scale,
                     prompt=args.prompt)
@@ -294,7 +269,7 @@ def _eval(args: argparse.Namespace) -> None:
             print(f"# wrote {report}")
         print((path.parent / "report.md").read_text())
         return
-    model, tokenizer = _load_model(args.model)
+    model, tokenizer = load_model(args.model)
     if args.task == "ffn-memories":
         path = _ffn_memories(args, model, tokenizer, out)
     elif args.task in ("trait-steering", "layer-ablation"):
