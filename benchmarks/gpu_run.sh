@@ -2,6 +2,7 @@
 # Every GPU check in one command (a lent GPU machine has no network and little time):
 #   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
 #   benchmarks/gpu_asm.py, gpu_mi_generate.py and training_steps.py --device cuda.
+#   ASM_SECTIONS=decode, SKIP_MI=1, SKIP_TRAINING=1, SKIP_PROFILE=1, SKIP_FLA=1 run less.
 # Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
 # needs, flash-linear-attention as an outside anchor); one that does not import there is
 # dropped and the run goes on with what the image has. Logs and JSON lines go to $OUT.
@@ -35,8 +36,9 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log
 }
 step 170 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 120 \
     --junitxml="$OUT/gpu_tests.xml"
-step 150 gpu_asm python3 benchmarks/gpu_asm.py --json "$OUT/gpu_asm.jsonl"
+step 150 gpu_asm python3 benchmarks/gpu_asm.py --sections "${ASM_SECTIONS:-layer,model,decode}" \
+    --json "$OUT/gpu_asm.jsonl"
 [ "${SKIP_MI:-0}" = 1 ] || step 150 gpu_mi python3 benchmarks/gpu_mi_generate.py --json "$OUT/gpu_mi.jsonl"
 [ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda
-step 60 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
-step 60 gpu_asm_fla python3 benchmarks/gpu_asm.py --sections fla --json "$OUT/gpu_asm_fla.jsonl"
+[ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
+[ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 benchmarks/gpu_asm.py --sections fla --json "$OUT/gpu_asm_fla.jsonl"

@@ -185,15 +185,18 @@ def asm(dtype: torch.dtype, backend: str, layers: int = 2) -> ASMForCausalLM:
     return ASMForCausalLM(config).to(CUDA, dtype).eval()
 
 
-def test_auto_backend_is_triton_on_cuda_and_decode_equals_the_full_pass():
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_decode_on_cuda_equals_the_full_pass(backend):
+    """``auto`` (Triton on CUDA) decodes through the chunked path, ``torch`` through the fused
+    one-token step; both equal the float64 full pass."""
     ids = torch.randint(1, 512, (2, 300), device=CUDA)
     mask = torch.ones_like(ids)
     mask[0, :37] = 0
     with torch.no_grad():
-        full = asm(torch.float32, "auto")(ids, attention_mask=mask).logits
+        full = asm(torch.float32, backend)(ids, attention_mask=mask).logits
         ref = asm(torch.float64, "torch")(ids, attention_mask=mask).logits
         assert relative(full, ref) <= bound(300)
-        model = asm(torch.float32, "auto")
+        model = asm(torch.float32, backend)
         out = model(ids[:, :290], attention_mask=mask[:, :290], use_cache=True)
         steps = [out.logits]
         cache = output_cache(out)
