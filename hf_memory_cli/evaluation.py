@@ -10,7 +10,7 @@ from eval_harness.dialogue_shift.cases import SHIFT_TURN, TRANSITIONS
 from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, RULES, TASKS
 
 from .model_loading import load_model
-from .types import finite, non_negative, non_negative_int, positive_int
+from .types import finite, layer_spec, non_negative, non_negative_int, positive_int
 
 __all__ = ["add_eval_parsers"]
 
@@ -67,15 +67,6 @@ def _pairs_count(text: str) -> int:
     if not 1 <= value <= 24:
         raise argparse.ArgumentTypeError(f"must be between 1 and 24 pairs, got {text}")
     return value
-
-
-def _layer_spec(text: str) -> list[int]:
-    from hf_memory.demo import parse_layers
-
-    try:
-        return parse_layers(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _family_task(args: argparse.Namespace, out: Path) -> Path:
@@ -386,13 +377,13 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="items per factor (bigfive, trait-steering) or prompts (bigfive-gen), "
                           "1-10")
     run.add_argument("--top-layers", type=positive_int, default=5, help="selector layer budget m")
-    run.add_argument("--memory-layers", type=_layer_spec, metavar="SPEC",
+    run.add_argument("--memory-layers", type=layer_spec, metavar="SPEC",
                      help="steer these layers (all heads) instead of calibrating a selector")
     run.add_argument("--selectors", metavar="DIR",
                      help="trait-steering / layer-ablation: where frozen behavioural selectors "
                           "are saved, and reused when present for the same banks (default: "
                           "<out>/selectors)")
-    run.add_argument("--candidate-layers", type=_layer_spec, metavar="SPEC",
+    run.add_argument("--candidate-layers", type=layer_spec, metavar="SPEC",
                      help="trait-steering: layers the behavioural selector may pick (default: "
                           "all)")
     run.add_argument("--calibration-pairs", type=_pairs_count, metavar="N",

@@ -11,13 +11,12 @@ from hf_memory.demo import (
     DEFAULT_GAIN,
     DEFAULT_PERSONA,
     DEFAULT_PROMPTS,
-    parse_layers,
 )
 
 from .errors import CLIError
-from .types import non_negative, positive_int
+from .types import layer_spec, non_negative, positive_int
 
-__all__ = ["add_memory_parsers"]
+__all__ = ["add_memory_parsers", "selector_line"]
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -63,22 +62,19 @@ def _build_selector(args: argparse.Namespace) -> None:
                               cost_budget=budget)
     out = args.out or str(selectors_dir().joinpath(args.direction))
     selector.save_pretrained(out)
-    best = selector.config["best"]
-    within = ("" if budget is None else f"strength {selector.strength:g} at cost "
-              f"{best['cost']:+.3f} nats/token (budget {budget:g}), ")
-    print(f"# {args.direction}: layers {selector.layers} ({selector.unit_type} units "
-          f"{selector.units}), gain {best['gain']:g}, {within}calibration target shift "
-          f"{best['target']:+.2f} nats, drift {best['drift']:.2f}; "
-          f"{selector.config['evaluations']} configurations in "
+    print(f"# {args.direction}: {selector_line(selector, budget)} in "
           f"{time.perf_counter() - start:.0f} s; wrote {out}")
 
 
-def _layers(text: str) -> list[int]:
-    try:
-        return parse_layers(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
+def selector_line(selector, budget: float | None) -> str:
+    """What a calibration chose, in one line: sites, strength and cost, shift and drift."""
+    best = selector.config["best"]
+    within = ("" if budget is None else f"strength {selector.strength:g} at cost "
+              f"{best['cost']:+.3f} nats/token (budget {budget:g}), ")
+    return (f"layers {selector.layers} ({selector.unit_type} units {selector.units}), gain "
+            f"{best['gain']:g}, {within}calibration target shift {best['target']:+.2f} nats, "
+            f"drift {best['drift']:.2f}; {selector.config['num_pairs']} pairs, "
+            f"{selector.config['evaluations']} configurations")
 
 
 def _direction(text: str) -> str:
@@ -104,7 +100,7 @@ def add_memory_parsers(commands: argparse._SubParsersAction) -> None:
                       help="the descriptor the bank is built from (default: an anxious persona)")
     demo.add_argument("--reference", metavar="TEXT",
                       help="an opposite descriptor for a contrastive reference bank")
-    demo.add_argument("--layers", type=_layers, metavar="SPEC",
+    demo.add_argument("--layers", type=layer_spec, metavar="SPEC",
                       help="hand-picked steered layers, e.g. 18-22 or 3,5,9-10 (default: the "
                            "frozen selector shipped for the persona)")
     demo.add_argument("--selector", metavar="DIR",

@@ -43,8 +43,10 @@ def build_app(model, tokenizer):
         import gradio as gr
     except ImportError:
         raise CLIError(UI_MISSING) from None
+    from hf_memory.bank_set import BankSet
     from hf_memory.compare import METHODS, compare_methods
     from hf_memory.demo import DEFAULT_PERSONA, persona_bank
+    from hf_memory.selector import Selector
 
     def compare(persona, reference, question, methods, strength, caa_scale, layers, max_tokens,
                 banks, selector):
@@ -68,8 +70,6 @@ def build_app(model, tokenizer):
 
     def save_banks(folder, persona, reference):
         try:
-            from hf_memory.bank_set import BankSet
-
             if not folder.strip():
                 raise ValueError("give a folder to save the banks to")
             if not persona.strip():
@@ -83,29 +83,25 @@ def build_app(model, tokenizer):
         except (ValueError, OSError) as error:
             return "**Error:** " + html.escape(str(error))
 
-    def load_banks(folder):
-        from hf_memory.bank_set import BankSet
+    def loader(what: str, artifact, describe):
+        """A button's handler: load ``artifact`` (BankSet / Selector) from a folder, checked
+        against the model; the loaded object and a status line, or None and the error."""
+        def load(folder):
+            try:
+                if not folder.strip():
+                    raise ValueError(f"give the {what} folder to load")
+                loaded = artifact.from_pretrained(folder.strip(), model=model)
+            except (ValueError, OSError) as error:
+                return None, "**Error:** " + html.escape(str(error))
+            return loaded, describe(loaded)
+        return load
 
-        try:
-            if not folder.strip():
-                raise ValueError("give the bank set folder to load")
-            banks = BankSet.from_pretrained(folder.strip(), model=model)
-        except (ValueError, OSError) as error:
-            return None, "**Error:** " + html.escape(str(error))
-        names = ", ".join(f"{b.name} ({b.role})" for b in banks)
-        return banks, f"Memory now uses the loaded banks: {names}."
-
-    def load_selector(folder):
-        from hf_memory.selector import Selector
-
-        try:
-            if not folder.strip():
-                raise ValueError("give the selector folder to load")
-            selector = Selector.from_pretrained(folder.strip(), model=model)
-        except (ValueError, OSError) as error:
-            return None, "**Error:** " + html.escape(str(error))
-        return selector, (f"Memory now steers at the selector's layers {selector.layers} "
-                          f"(strength {selector.strength:g} at dial 1).")
+    load_banks = loader("bank set", BankSet, lambda banks: (
+        "Memory now uses the loaded banks: "
+        + ", ".join(f"{b.name} ({b.role})" for b in banks) + "."))
+    load_selector = loader("selector", Selector, lambda selector: (
+        f"Memory now steers at the selector's layers {selector.layers} (strength "
+        f"{selector.strength:g} at dial 1)."))
 
     def clear():
         return None, None, "Memory builds its bank from the persona text again."

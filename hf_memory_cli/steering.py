@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from .errors import CLIError
+from .memory import selector_line
 from .model_loading import add_model_arguments, load_model
-from .types import non_negative, positive_int
+from .types import layer_spec, non_negative, positive_int, strength
 
 __all__ = ["add_steering_parsers"]
 
@@ -157,13 +158,8 @@ def _selector_calibrate(args: argparse.Namespace) -> None:
         control_banks=control, candidate_layers=args.candidate_layers,
         layer_stride=args.layer_stride)
     selector.save_pretrained(out)
-    best = selector.config["best"]
-    within = ("" if budget is None else f"strength {selector.strength:g} at cost "
-              f"{best['cost']:+.3f} nats/token (budget {budget:g}), ")
-    print(f"# layers {selector.layers} ({selector.unit_type} units {selector.units}), "
-          f"{within}calibration target shift {best['target']:+.2f} nats, drift "
-          f"{best['drift']:.2f}; {len(pairs)} pairs, {selector.config['evaluations']} "
-          f"configurations in {time.perf_counter() - start:.0f}s; wrote {out}")
+    print(f"# {selector_line(selector, budget)} in {time.perf_counter() - start:.0f}s; "
+          f"wrote {out}")
 
 
 def _check_sites(args: argparse.Namespace) -> None:
@@ -327,29 +323,13 @@ def _generate(args: argparse.Namespace) -> None:
         print(json.dumps(record, ensure_ascii=False), flush=True)
 
 
-def _strength(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
-
-
-def _layers(text: str) -> list[int]:
-    from hf_memory.demo import parse_layers
-
-    try:
-        return parse_layers(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def _steering_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--banks", metavar="DIR", help="a saved bank set (hf-memory bank build)")
     parser.add_argument("--selector", metavar="DIR",
                         help="a saved selector: where and how strongly to steer")
-    parser.add_argument("--layers", type=_layers, metavar="SPEC",
+    parser.add_argument("--layers", type=layer_spec, metavar="SPEC",
                         help="hand-picked layers instead of a selector, e.g. 12-16 or 3,5,9")
-    parser.add_argument("--strength", type=_strength, default=1.0, metavar="X",
+    parser.add_argument("--strength", type=strength, default=1.0, metavar="X",
                         help="the strength dial in [0, 1] (1: as calibrated; default 1)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
                         help="tokens per reply (default: 64)")
@@ -418,7 +398,7 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
                                 "neutral text (default: 0.1)")
     calibrate.add_argument("--no-budget", action="store_true",
                            help="the unbudgeted search (largest movement; may damage the model)")
-    calibrate.add_argument("--candidate-layers", type=_layers, metavar="SPEC",
+    calibrate.add_argument("--candidate-layers", type=layer_spec, metavar="SPEC",
                            help="layers the search may pick (default: every layer)")
     calibrate.add_argument("--layer-stride", type=positive_int, default=3, metavar="K",
                            help="score every K-th candidate layer alone (default: 3)")

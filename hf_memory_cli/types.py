@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["device", "finite", "non_negative", "non_negative_int", "positive_float", "positive_int",
-           "unit_interval"]
+__all__ = ["device", "finite", "layer_spec", "non_negative", "non_negative_int", "positive_float",
+           "positive_int", "strength", "unit_interval"]
 
 
 def device(text: str) -> str:
@@ -66,3 +66,21 @@ def positive_float(text: str) -> float:
     if not 0.0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
     return value
+
+
+def strength(text: str) -> float:
+    """The strength dial: a float in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def layer_spec(text: str) -> list[int]:
+    """Layers as ``18-22`` or ``3,5,9-10``."""
+    from hf_memory.demo import parse_layers
+
+    try:
+        return parse_layers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
