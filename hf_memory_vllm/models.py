@@ -1,5 +1,5 @@
-"""vLLM's own Llama, Qwen2, Qwen3, Qwen3-MoE, Granite and Phi-3 classes with memory-inception
-steering attached.
+"""vLLM's own Llama, Qwen2, Qwen3, Qwen3-MoE, Granite, Phi-3, Mistral and Mixtral classes with
+memory-inception steering attached.
 
 Each class subclasses vLLM's implementation unchanged and only adds a
 :class:`~hf_memory_vllm.worker.WorkerSteering` (hooks on the layers some registered bank set
@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.granite import GraniteForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.mixtral import MixtralForCausalLM
 from vllm.model_executor.models.phi3 import Phi3ForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
@@ -22,8 +24,8 @@ from . import SERVED_ARCHITECTURES
 from .worker import WorkerSteering
 
 __all__ = ["ARCHITECTURES", "SteeredGraniteForCausalLM", "SteeredLlamaForCausalLM",
-           "SteeredPhi3ForCausalLM", "SteeredQwen2ForCausalLM", "SteeredQwen3ForCausalLM",
-           "SteeredQwen3MoeForCausalLM"]
+           "SteeredMistralForCausalLM", "SteeredMixtralForCausalLM", "SteeredPhi3ForCausalLM",
+           "SteeredQwen2ForCausalLM", "SteeredQwen3ForCausalLM", "SteeredQwen3MoeForCausalLM"]
 
 
 class _Steered:
@@ -57,12 +59,22 @@ class SteeredGraniteForCausalLM(_Steered, GraniteForCausalLM):
     """vLLM's ``GraniteForCausalLM`` with memory-inception steering."""
 
 
+class SteeredMistralForCausalLM(_Steered, MistralForCausalLM):
+    """vLLM's ``MistralForCausalLM`` with memory-inception steering (its sliding window kept)."""
+
+
+class SteeredMixtralForCausalLM(_Steered, MixtralForCausalLM):
+    """vLLM's ``MixtralForCausalLM`` with memory-inception steering (its sliding window kept)."""
+
+
 class SteeredPhi3ForCausalLM(_Steered, Phi3ForCausalLM):
     """vLLM's ``Phi3ForCausalLM`` with memory-inception steering."""
 
 
 ARCHITECTURES = {"LlamaForCausalLM": SteeredLlamaForCausalLM,
                  "GraniteForCausalLM": SteeredGraniteForCausalLM,
+                 "MistralForCausalLM": SteeredMistralForCausalLM,
+                 "MixtralForCausalLM": SteeredMixtralForCausalLM,
                  "Phi3ForCausalLM": SteeredPhi3ForCausalLM,
                  "Qwen2ForCausalLM": SteeredQwen2ForCausalLM,
                  "Qwen3ForCausalLM": SteeredQwen3ForCausalLM,

@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 # model_type → the module whose output is the pre-RoPE query ("qkv_proj": its query columns);
 # the architectures served steered by vLLM, a subset of those steer() supports
 QUERY_SOURCES = {"llama": "qkv_proj", "qwen2": "qkv_proj", "qwen3": "q_norm",
-                 "qwen3_moe": "q_norm", "granite": "qkv_proj", "phi3": "qkv_proj"}
+                 "qwen3_moe": "q_norm", "granite": "qkv_proj", "phi3": "qkv_proj",
+                 "mistral": "qkv_proj", "mixtral": "qkv_proj"}
 assert set(QUERY_SOURCES) <= set(SUPPORTED_MODEL_TYPES)
 
 # persistent-batch index → steering, kept by the logits processor of this worker
@@ -82,7 +83,9 @@ ROTARY_CLASSES = {"llama": "llama.modeling_llama.LlamaRotaryEmbedding",
                   "qwen3": "qwen3.modeling_qwen3.Qwen3RotaryEmbedding",
                   "qwen3_moe": "qwen3_moe.modeling_qwen3_moe.Qwen3MoeRotaryEmbedding",
                   "granite": "granite.modeling_granite.GraniteRotaryEmbedding",
-                  "phi3": "phi3.modeling_phi3.Phi3RotaryEmbedding"}
+                  "phi3": "phi3.modeling_phi3.Phi3RotaryEmbedding",
+                  "mistral": "mistral.modeling_mistral.MistralRotaryEmbedding",
+                  "mixtral": "mixtral.modeling_mixtral.MixtralRotaryEmbedding"}
 
 
 def _rotary(hf_config) -> nn.Module:
@@ -91,6 +94,18 @@ def _rotary(hf_config) -> nn.Module:
     module, name = ROTARY_CLASSES[hf_config.model_type].rsplit(".", 1)
     return getattr(importlib.import_module(f"transformers.models.{module}"), name)(
         config=hf_config)
+
+
+def _windowed(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor:
+    """Causal visibility ``[1, 1, T, S]`` of ``q_len`` new tokens over ``kv_len`` keys ending
+    with them; with a sliding ``window``, key j is seen from position p only if p − j < window
+    (transformers' and vLLM's sliding attention). Bank slots have no position: they stay
+    visible to every query (the mixture adds them)."""
+    visible = visible_keys(None, q_len, kv_len, device)
+    if window is None:
+        return visible
+    query = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+    return visible & (query - torch.arange(kv_len, device=device)[None, :] < window)
 
 
 class WorkerSteering:
@@ -329,16 +344,19 @@ class WorkerSteering:
         out = output.view(output.shape[0], self.heads, head_dim)
         post = query.reshape(query.shape[0], self.heads, head_dim)
         pre = q_pre.view(q_pre.shape[0], self.heads, head_dim)
+        window = attention.attn.sliding_window  # vLLM's own (None: the whole history)
         decoding: dict[int, list[tuple[_Site, int, int, torch.Tensor]]] = {}
         for item in work:
             site, row0, row1, slots = item
+            if window is not None:  # the keys some new token still sees
+                slots = slots[max(0, len(slots) - (row1 - row0) - window + 1):]
             if row1 - row0 == 1:  # one new token: batched below with the same site's others
-                decoding.setdefault(id(site), []).append(item)
+                decoding.setdefault(id(site), []).append((site, row0, row1, slots))
                 continue
             mixed = self._mixture(site, pre[row0:row1].transpose(0, 1)[None],
                                   post[row0:row1].transpose(0, 1)[None], shadow_k[slots][None],
-                                  shadow_v[slots][None], visible_keys(None, row1 - row0,
-                                                                      len(slots), out.device),
+                                  shadow_v[slots][None],
+                                  _windowed(row1 - row0, len(slots), window, out.device),
                                   attention.scaling)
             steered = toward(out[row0:row1, site.heads],
                              mixed[0, site.heads].transpose(0, 1), site.strength)

@@ -23,6 +23,10 @@ from transformers import (
     GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
@@ -117,6 +121,10 @@ TINY = {
                 {"attention_multiplier": 0.1, "embedding_multiplier": 2.0,
                  "residual_multiplier": 0.5, "logits_scaling": 2.0}),
     "phi3": (Phi3Config, Phi3ForCausalLM, {"partial_rotary_factor": 0.5}),
+    # windows shorter than the 45- and 120-token prompts: bank slots stay visible past them
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 32}),
+    "mixtral": (MixtralConfig, MixtralForCausalLM,
+                {"sliding_window": 24, "num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 
 
