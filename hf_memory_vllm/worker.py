@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 # the architectures served steered by vLLM, a subset of those steer() supports
 QUERY_SOURCES = {"llama": "qkv_proj", "qwen2": "qkv_proj", "qwen3": "q_norm",
                  "qwen3_moe": "q_norm", "granite": "qkv_proj", "phi3": "qkv_proj",
-                 "mistral": "qkv_proj", "mixtral": "qkv_proj"}
+                 "mistral": "qkv_proj", "mixtral": "qkv_proj", "gemma2": "qkv_proj"}
 assert set(QUERY_SOURCES) <= set(SUPPORTED_MODEL_TYPES)
 
 # persistent-batch index → steering, kept by the logits processor of this worker
@@ -85,7 +85,8 @@ ROTARY_CLASSES = {"llama": "llama.modeling_llama.LlamaRotaryEmbedding",
                   "granite": "granite.modeling_granite.GraniteRotaryEmbedding",
                   "phi3": "phi3.modeling_phi3.Phi3RotaryEmbedding",
                   "mistral": "mistral.modeling_mistral.MistralRotaryEmbedding",
-                  "mixtral": "mixtral.modeling_mixtral.MixtralRotaryEmbedding"}
+                  "mixtral": "mixtral.modeling_mixtral.MixtralRotaryEmbedding",
+                  "gemma2": "gemma2.modeling_gemma2.Gemma2RotaryEmbedding"}
 
 
 def _rotary(hf_config) -> nn.Module:
@@ -344,7 +345,9 @@ class WorkerSteering:
         out = output.view(output.shape[0], self.heads, head_dim)
         post = query.reshape(query.shape[0], self.heads, head_dim)
         pre = q_pre.view(q_pre.shape[0], self.heads, head_dim)
-        window = attention.attn.sliding_window  # vLLM's own (None: the whole history)
+        # the scores as vLLM's own attention layer makes them: scale, soft-cap (0: none), window
+        score = (attention.scaling, attention.attn.impl.logits_soft_cap or None)
+        window = attention.attn.sliding_window
         decoding: dict[int, list[tuple[_Site, int, int, torch.Tensor]]] = {}
         for item in work:
             site, row0, row1, slots = item
@@ -357,14 +360,14 @@ class WorkerSteering:
                                   post[row0:row1].transpose(0, 1)[None], shadow_k[slots][None],
                                   shadow_v[slots][None],
                                   _windowed(row1 - row0, len(slots), window, out.device),
-                                  attention.scaling)
+                                  score)
             steered = toward(out[row0:row1, site.heads],
                              mixed[0, site.heads].transpose(0, 1), site.strength)
             out[row0:row1, site.heads] = steered.to(out.dtype)
         for items in decoding.values():
-            self._decode(items, pre, post, out, shadow_k, shadow_v, attention.scaling)
+            self._decode(items, pre, post, out, shadow_k, shadow_v, score)
 
-    def _decode(self, items, pre, post, out, shadow_k, shadow_v, scaling: float) -> None:
+    def _decode(self, items, pre, post, out, shadow_k, shadow_v, score: tuple) -> None:
         """One mixture for the single-token rows of requests at the same site: histories are
         padded to the longest and the padding masked (``visible``), which the mixture's
         size normalisation counts out."""
@@ -377,18 +380,20 @@ class WorkerSteering:
         visible = (torch.arange(padded.shape[1]) < lengths[:, None])[:, None, None]
         mixed = self._mixture(site, pre[rows][:, :, None], post[rows][:, :, None],
                               shadow_k[padded], shadow_v[padded], visible.to(out.device),
-                              scaling)
+                              score)
         steered = toward(out[rows[:, None], site.heads], mixed[:, site.heads, 0],
                          site.strength)
         out[rows[:, None], site.heads] = steered.to(out.dtype)
 
     @staticmethod
-    def _mixture(site: _Site, q_pre, q_post, keys, values, visible, scaling: float):
-        """:func:`bank_mixture` on queries ``[B, H, T, D]`` and cached ``[B, S, KVH, D]``."""
+    def _mixture(site: _Site, q_pre, q_post, keys, values, visible, score: tuple):
+        """:func:`bank_mixture` on queries ``[B, H, T, D]`` and cached ``[B, S, KVH, D]``;
+        ``score``: the layer's ``(scale, soft-cap or None)``."""
+        scaling, softcap = score
         mixed, _ = bank_mixture(q_pre, q_post, keys.permute(0, 2, 1, 3),
                                 values.permute(0, 2, 1, 3), visible, site.stack,
                                 scaling=scaling, gamma=site.gamma,
-                                size_normalize=site.size_normalize)
+                                size_normalize=site.size_normalize, softcap=softcap)
         return mixed
 
     def _shadow_cache(self, layer: int, attention: nn.Module):

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     GraniteConfig,
@@ -125,18 +127,25 @@ TINY = {
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 32}),
     "mixtral": (MixtralConfig, MixtralForCausalLM,
                 {"sliding_window": 24, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    # soft-capped logits (a cap low enough to bind), alternating sliding and global layers
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM,
+               {"sliding_window": 16, "attn_logit_softcapping": 5.0,
+                "query_pre_attn_scalar": 24, "final_logit_softcapping": None,
+                "tie_word_embeddings": True, "initializer_range": 0.02}),  # vLLM ties Gemma 2
 }
 
 
 def tiny_model(kind: str, directory: Path):
     config_class, model_class, extra = TINY[kind]
-    config = config_class(**extra, vocab_size=384, hidden_size=128, intermediate_size=256,
-                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=32, max_position_embeddings=1024, initializer_range=0.1,
-                          tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-                          pad_token_id=None)
+    config = config_class(**{**dict(
+        vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+        initializer_range=0.1, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None), **extra})
     torch.manual_seed(0)
     model = model_class(config).float().eval()
+    if kind == "gemma2":  # SDPA does not soft-cap: steer() and transformers need eager
+        model.set_attn_implementation("eager")
     model.generation_config.eos_token_id = None  # decode the whole window, as vLLM does here
     model.save_pretrained(directory)
     return model
