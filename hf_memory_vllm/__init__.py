@@ -38,7 +38,8 @@ __all__ = ["DEFAULT_MAX_SLOT_LAYERS", "REGISTRY_ENV", "Registry", "RegistryError
 # the vLLM architectures served steered (:data:`hf_memory_vllm.models.ARCHITECTURES`)
 SERVED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                         "Qwen3MoeForCausalLM", "GraniteForCausalLM", "Phi3ForCausalLM",
-                        "MistralForCausalLM", "MixtralForCausalLM", "Gemma2ForCausalLM")
+                        "MistralForCausalLM", "MixtralForCausalLM", "Gemma2ForCausalLM",
+                        "Gemma3ForCausalLM")
 
 
 def register() -> None:

@@ -1,5 +1,5 @@
-"""vLLM's own Llama, Qwen2, Qwen3, Qwen3-MoE, Granite, Phi-3, Mistral, Mixtral and Gemma 2
-classes with memory-inception steering attached.
+"""vLLM's own Llama, Qwen2, Qwen3, Qwen3-MoE, Granite, Phi-3, Mistral, Mixtral, Gemma 2 and
+Gemma 3 (text) classes with memory-inception steering attached.
 
 Each class subclasses vLLM's implementation unchanged and only adds a
 :class:`~hf_memory_vllm.worker.WorkerSteering` (hooks on the layers some registered bank set
@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import torch
 from vllm.model_executor.models.gemma2 import Gemma2ForCausalLM
+from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
 from vllm.model_executor.models.granite import GraniteForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.mistral import MistralForCausalLM
@@ -24,7 +25,8 @@ from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from . import SERVED_ARCHITECTURES
 from .worker import WorkerSteering
 
-__all__ = ["ARCHITECTURES", "SteeredGemma2ForCausalLM", "SteeredGraniteForCausalLM",
+__all__ = ["ARCHITECTURES", "SteeredGemma2ForCausalLM", "SteeredGemma3ForCausalLM",
+           "SteeredGraniteForCausalLM",
            "SteeredLlamaForCausalLM", "SteeredMistralForCausalLM", "SteeredMixtralForCausalLM",
            "SteeredPhi3ForCausalLM", "SteeredQwen2ForCausalLM", "SteeredQwen3ForCausalLM",
            "SteeredQwen3MoeForCausalLM"]
@@ -73,12 +75,18 @@ class SteeredGemma2ForCausalLM(_Steered, Gemma2ForCausalLM):
     """vLLM's ``Gemma2ForCausalLM`` with memory-inception steering (soft-cap and windows kept)."""
 
 
+class SteeredGemma3ForCausalLM(_Steered, Gemma3ForCausalLM):
+    """vLLM's ``Gemma3ForCausalLM`` (text) with memory-inception steering (local and global
+    rotary per layer, windows kept)."""
+
+
 class SteeredPhi3ForCausalLM(_Steered, Phi3ForCausalLM):
     """vLLM's ``Phi3ForCausalLM`` with memory-inception steering."""
 
 
 ARCHITECTURES = {"LlamaForCausalLM": SteeredLlamaForCausalLM,
                  "Gemma2ForCausalLM": SteeredGemma2ForCausalLM,
+                 "Gemma3ForCausalLM": SteeredGemma3ForCausalLM,
                  "GraniteForCausalLM": SteeredGraniteForCausalLM,
                  "MistralForCausalLM": SteeredMistralForCausalLM,
                  "MixtralForCausalLM": SteeredMixtralForCausalLM,

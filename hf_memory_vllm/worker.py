@@ -20,7 +20,9 @@ layers no steered request uses, run vLLM's attention untouched.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import inspect
 import json
 import logging
 from dataclasses import dataclass
@@ -51,7 +53,8 @@ logger = logging.getLogger(__name__)
 # the architectures served steered by vLLM, a subset of those steer() supports
 QUERY_SOURCES = {"llama": "qkv_proj", "qwen2": "qkv_proj", "qwen3": "q_norm",
                  "qwen3_moe": "q_norm", "granite": "qkv_proj", "phi3": "qkv_proj",
-                 "mistral": "qkv_proj", "mixtral": "qkv_proj", "gemma2": "qkv_proj"}
+                 "mistral": "qkv_proj", "mixtral": "qkv_proj", "gemma2": "qkv_proj",
+                 "gemma3_text": "q_norm"}
 assert set(QUERY_SOURCES) <= set(SUPPORTED_MODEL_TYPES)
 
 # persistent-batch index → steering, kept by the logits processor of this worker
@@ -86,15 +89,21 @@ ROTARY_CLASSES = {"llama": "llama.modeling_llama.LlamaRotaryEmbedding",
                   "phi3": "phi3.modeling_phi3.Phi3RotaryEmbedding",
                   "mistral": "mistral.modeling_mistral.MistralRotaryEmbedding",
                   "mixtral": "mixtral.modeling_mixtral.MixtralRotaryEmbedding",
-                  "gemma2": "gemma2.modeling_gemma2.Gemma2RotaryEmbedding"}
+                  "gemma2": "gemma2.modeling_gemma2.Gemma2RotaryEmbedding",
+                  "gemma3_text": "gemma3.modeling_gemma3.Gemma3RotaryEmbedding"}
 
 
-def _rotary(hf_config) -> nn.Module:
-    """The transformers rotary embedding of the model family (bank keys are prepared with it,
-    exactly as ``steer()`` prepares them)."""
+def _rotary(hf_config):
+    """Layer → the transformers rotary map of the model family at that layer (bank keys are
+    prepared with it, exactly as ``steer()`` prepares them; Gemma 3's local and global layers
+    have their own)."""
     module, name = ROTARY_CLASSES[hf_config.model_type].rsplit(".", 1)
-    return getattr(importlib.import_module(f"transformers.models.{module}"), name)(
+    rotary = getattr(importlib.import_module(f"transformers.models.{module}"), name)(
         config=hf_config)
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types and "layer_type" in inspect.signature(rotary.forward).parameters:
+        return lambda layer: functools.partial(rotary, layer_type=layer_types[layer])
+    return lambda _layer: rotary
 
 
 def _windowed(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor:
@@ -239,8 +248,7 @@ class WorkerSteering:
             site_args["layer_gains"] = {layer: request.scale * float(base.get(layer, 1.0))
                                         for layer in layers}
         parameter = next(self.model.parameters())
-        rotary = _rotary(self.hf_config)
-        plans = plan_sites(bank_set, config=self.hf_config, rotary=lambda _layer: rotary,
+        plans = plan_sites(bank_set, config=self.hf_config, rotary=_rotary(self.hf_config),
                            device=parameter.device,
                            dtype=torch.promote_types(parameter.dtype, torch.float32),
                            **site_args)

@@ -19,6 +19,8 @@ import torch
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     GraniteConfig,
@@ -132,6 +134,11 @@ TINY = {
                {"sliding_window": 16, "attn_logit_softcapping": 5.0,
                 "query_pre_attn_scalar": 24, "final_logit_softcapping": None,
                 "tie_word_embeddings": True, "initializer_range": 0.02}),  # vLLM ties Gemma 2
+    # per-head q/k norm; local (sliding) and global layers with their own rotary maps
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM,
+                    {"sliding_window": 16, "query_pre_attn_scalar": 24,
+                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                     "tie_word_embeddings": True, "initializer_range": 0.02}),
 }
 
 
@@ -151,12 +158,13 @@ def tiny_model(kind: str, directory: Path):
     return model
 
 
-def random_bank(model, name: str, role: str, seed: int, layers=(0, 2)) -> MemoryBank:
+def random_bank(model, name: str, role: str, seed: int, layers=(0, 2),
+                positions: torch.Tensor | None = None) -> MemoryBank:
     generator = torch.Generator().manual_seed(seed)
     shape = (len(layers), 2, 6, 32)
     return MemoryBank.from_tensors(torch.randn(shape, generator=generator) * 2,
                                    torch.randn(shape, generator=generator), name=name, role=role,
-                                   layers=layers, gain=1.5)
+                                   layers=layers, gain=1.5, positions=positions)
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))
@@ -165,7 +173,9 @@ def tiny(request, tmp_path_factory):
     model = tiny_model(request.param, root / "model")
     target = BankSet([random_bank(model, "up", "target", 1)], model=model)
     contrastive = BankSet([random_bank(model, "up", "target", 2),
-                           random_bank(model, "down", "reference", 3, layers=(1, 2))],
+                           # slots at absolute positions: scored after the layer's rotary map
+                           random_bank(model, "down", "reference", 3, layers=(1, 2),
+                                       positions=torch.arange(6) * 7)],
                           model=model)
     target.save_pretrained(root / "target")
     contrastive.save_pretrained(root / "contrastive")
