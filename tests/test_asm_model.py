@@ -153,34 +153,98 @@ def test_prefill_then_recurrent_decode_equals_full_forward(prefill):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, **TOL)
 
 
-@pytest.mark.parametrize("variant", ["default", "padded", "authors_options", "no_refinement"])
+@pytest.mark.parametrize("variant", ["default", "padded", "authors_options", "no_refinement",
+                                     "no_grad", "bare", "float64"])
 def test_fused_decode_step_equals_reference_path(variant, monkeypatch):
     """The fused decode step (taken when ASMModel hands its layers the per-token constants)
     equals the chunked path on one position (the reference, taken here by withholding the
     constants): logits and every cache tensor after each of 10 tokens, with left padding,
-    the authors' options (softplus-clamped gain, slot-space rotary) and without refinement."""
+    the authors' options (softplus-clamped gain, slot-space rotary), without refinement,
+    under ``no_grad`` (where the step's weight-derived constants are made once and kept in the
+    cache), without rotary, recency and content read (and read temperature 0.7), in float64."""
     overrides = {"authors_options": dict(content_gain="softplus_clamp", slot_space_rope=True),
-                 "no_refinement": dict(use_slot_space_refinement=False)}.get(variant, {})
+                 "no_refinement": dict(use_slot_space_refinement=False),
+                 "bare": dict(write_key_position="none", use_recency_bias=False,
+                              use_content_read=False, read_temperature=0.7)}.get(variant, {})
     model = tiny_model(**overrides)
+    if variant == "float64":
+        model = model.double()
     ids = torch.randint(1, VOCAB, (2, 16))
     mask = torch.ones_like(ids)
     if variant == "padded":
         mask[1, :8] = 0  # row 1 still padding during the first decoded tokens
     caches = [output_cache(model(ids[:, :3], attention_mask=mask[:, :3], use_cache=True))
               for _ in range(2)]
-    for i in range(3, ids.shape[1]):
-        fast = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], **cache_kwargs(caches[0]),
-                     use_cache=True).logits
+    with torch.set_grad_enabled(variant != "no_grad"):
+        for i in range(3, ids.shape[1]):
+            fast = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
+                         **cache_kwargs(caches[0]), use_cache=True).logits
+            with monkeypatch.context() as patch:
+                patch.setattr(_StepConstants, "build", classmethod(lambda cls, *args: None))
+                slow = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
+                             **cache_kwargs(caches[1]), use_cache=True).logits
+            torch.testing.assert_close(fast, slow, **TOL)
+            for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+                for x, y in zip([a.scan.m, a.scan.den, a.scan.num, *(a.slot_space or ())],
+                                [b.scan.m, b.scan.den, b.scan.num, *(b.slot_space or ())],
+                                strict=True):
+                    torch.testing.assert_close(x, y, **TOL)
+    # kept only where no gradient is wanted; the reference path makes none
+    assert all((layer.step_weights is not None) == (variant == "no_grad")
+               for layer in caches[0].layers)
+    assert all(layer.step_weights is None for layer in caches[1].layers)
+
+
+def test_fused_decode_step_gradients_equal_reference_path(monkeypatch):
+    """With gradients on, the decode step derives its constants from the weights anew, so a
+    loss on its logits gives the weights the reference path's gradients."""
+    model = tiny_model()
+    ids = torch.randint(1, VOCAB, (2, 6))
+    grads = []
+    for fast in (True, False):
+        cache = output_cache(model(ids[:, :4], use_cache=True))
+        model.zero_grad()
         with monkeypatch.context() as patch:
-            patch.setattr(_StepConstants, "build", classmethod(lambda cls, *args: None))
-            slow = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1],
-                         **cache_kwargs(caches[1]), use_cache=True).logits
-        torch.testing.assert_close(fast, slow, **TOL)
-        for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
-            for x, y in zip([a.scan.m, a.scan.den, a.scan.num, *(a.slot_space or ())],
-                            [b.scan.m, b.scan.den, b.scan.num, *(b.slot_space or ())],
-                            strict=True):
-                torch.testing.assert_close(x, y, **TOL)
+            if not fast:
+                patch.setattr(_StepConstants, "build", classmethod(lambda cls, *args: None))
+            loss = sum(model(ids[:, i:i + 1], **cache_kwargs(cache), use_cache=True).logits
+                       .square().mean() for i in (4, 5))
+            loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    assert {"model.layers.0.self_attn.slot_keys", "model.layers.1.self_attn.refinement_gate_raw",
+            "model.layers.0.self_attn.recency_strength_raw",
+            "model.layers.0.self_attn.content_gamma_raw"} <= grads[0].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], **TOL, msg=name)
+
+
+def test_decode_step_weights_belong_to_their_cache(monkeypatch):
+    """The constants a ``no_grad`` decode keeps in its cache are made from the weights at its
+    first step: weights changed in place afterwards reach every new cache (and ``reset``
+    drops them)."""
+    model = tiny_model()
+    ids = torch.randint(1, VOCAB, (1, 8))
+    with torch.no_grad():
+        cache = output_cache(model(ids[:, :4], use_cache=True))
+        model(ids[:, 4:5], **cache_kwargs(cache), use_cache=True)
+        assert cache.layers[0].step_weights is not None
+        for layer in model.model.layers:
+            layer.self_attn.slot_keys.mul_(-1.5)
+            layer.self_attn.refinement_gate_raw.add_(1.0)
+            layer.self_attn.recency_strength_raw.add_(0.5)
+        outs = []
+        for fast in (True, False):
+            cache = output_cache(model(ids[:, :4], use_cache=True))
+            with monkeypatch.context() as patch:
+                if not fast:
+                    patch.setattr(_StepConstants, "build", classmethod(lambda cls, *args: None))
+                outs.append(torch.cat([model(ids[:, i:i + 1], **cache_kwargs(cache),
+                                             use_cache=True).logits for i in range(4, 8)], 1))
+        torch.testing.assert_close(outs[0], outs[1], **TOL)
+    cache.reset()
+    assert all(layer.step_weights is None for layer in cache.layers)
 
 
 def test_recency_strength_4_prefill_equals_decode_and_chunk_1():

@@ -336,28 +336,39 @@ def asa_attend_step(
     dt = torch.promote_types(logits.dtype, torch.float32)
     if state is None:
         state = ScanState.empty(b, h, k, v.shape[-1], v.device, dt)
-    tensors = (logits, v, q, key_logits, state.m, state.den, state.num)
-    if any(x.dtype != dt for x in tensors):
-        tensors = tuple(x.to(dt) for x in tensors)
-    logits, v, q, key_logits, m, den, num = tensors
+    m, den, num = state.m, state.den, state.num
+    if not (logits.dtype == v.dtype == q.dtype == key_logits.dtype == m.dtype == den.dtype
+            == num.dtype == dt):
+        logits, v, q, key_logits, m, den, num = (
+            x.to(dt) for x in (logits, v, q, key_logits, m, den, num))
     lg = logits[:, :, 0]  # [B, H, K]
     mu = torch.maximum(m, lg)
-    c = torch.where(mu == float("-inf"), 0.0, mu)
+    c = mu.nan_to_num(nan=math.nan, posinf=math.inf, neginf=0.0)  # -inf -> 0, else mu
     carry, e = torch.exp(m - c), torch.exp(lg - c)
-    den = den * carry + e
+    den = torch.addcmul(e, den, carry)
     num = torch.addcmul(num * carry.unsqueeze(-1), e.unsqueeze(-1), v)
     slots = num / den.clamp_min(1.0).unsqueeze(-1)  # [B, H, K, d]
-    if isinstance(gamma, torch.Tensor) and gamma.dim() == 1:
-        gamma = gamma.to(dt).view(1, -1, 1, 1)
-    read = torch.addcmul(key_logits, q @ slots.transpose(-1, -2),
-                         torch.as_tensor(gamma, dtype=dt))  # [B, H, 1, K]
+    if isinstance(gamma, torch.Tensor):
+        if gamma.dim() == 1:
+            gamma = gamma.view(1, -1, 1, 1)
+        read = torch.addcmul(key_logits, q @ slots.transpose(-1, -2),
+                             gamma if gamma.dtype == dt else gamma.to(dt))  # [B, H, 1, K]
+    elif gamma == 0.0:  # no content read (the term is 0 with finite slots and q)
+        read = key_logits
+    else:
+        read = key_logits + gamma * (q @ slots.transpose(-1, -2))
     r = torch.softmax(read if read_temperature == 1.0 else read / read_temperature, dim=-1)
     final = ScanState(m=mu, den=den, num=num)
     if refine is None:
         return r @ slots, r, None, final
-    w = refine(r).to(dt)
+    w = refine(r)
+    if w.dtype != dt:
+        w = w.to(dt)
     if gate is not None:
-        return torch.addcmul(r, torch.as_tensor(gate, dtype=dt), w) @ slots, r, None, final
+        if not isinstance(gate, torch.Tensor):
+            gate = torch.as_tensor(gate, dtype=dt)
+        return torch.addcmul(r, gate if gate.dtype == dt else gate.to(dt), w) @ slots, r, \
+            None, final
     return r @ slots, r, w @ slots, final
 
 
@@ -460,16 +471,21 @@ def causal_linear_attention_step(
     results): ``S' = S + phi_k^T v``, ``Z' = Z + phi_k``, ``out = phi_q S' / (phi_q . Z')``
     (0 while ``phi_q . Z' = 0``, nothing written)."""
     dt = torch.promote_types(phi_q.dtype, torch.float32)
-    phi_q, phi_k = phi_q.to(dt), phi_k.to(dt)
     if state is None:
         b, h, _, mm = phi_q.shape
         state = (torch.zeros(b, h, mm, v.shape[-1], device=v.device, dtype=dt),
                  torch.zeros(b, h, mm, device=v.device, dtype=dt))
-    s = torch.addcmul(state[0].to(dt), phi_k.transpose(-1, -2), v.to(dt))  # [B, H, M, M]
-    z = state[1].to(dt) + phi_k[:, :, 0]
+    s, z = state
+    if not phi_q.dtype == phi_k.dtype == v.dtype == s.dtype == z.dtype == dt:
+        phi_q, phi_k, v, s, z = (x.to(dt) for x in (phi_q, phi_k, v, s, z))
+    s = torch.addcmul(s, phi_k.transpose(-1, -2), v)  # [B, H, M, M]
+    z = z + phi_k[:, :, 0]
     # phi_q . Z' is 0 only where nothing was written (then phi_q S' = 0 too) or subnormal
     # (where the reference's reciprocal overflows): the floor keeps the read finite.
-    return (phi_q @ s) / (phi_q @ z.unsqueeze(-1)).clamp_min(torch.finfo(dt).tiny), (s, z)
+    return (phi_q @ s) / (phi_q @ z.unsqueeze(-1)).clamp_min(_TINY[dt]), (s, z)
+
+
+_TINY = {t: torch.finfo(t).tiny for t in (torch.float32, torch.float64)}
 
 
 def causal_linear_attention(

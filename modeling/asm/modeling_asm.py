@@ -141,25 +141,27 @@ class _StepConstants:
     (:meth:`build`) so the 21 steps of a token read neither the config nor the positions again.
 
     Attributes:
+        dtype: the state's dtype, ``promote_types(hidden dtype, float32)``.
         rotary: the write keys' :func:`_rotary_tables` ``[B, 1, 1, d]`` (None without rotary).
-        positions: ``[B, 1, 1]`` position ids in float32 (recency bias, slot-space rotary).
-        position_ids: ``[B, 1]`` position ids.
+        slot_rotary: the slot-space :func:`_rotary_tables` ``[B, 1, 1, M]`` (None without
+            slot-space rotary).
+        positions: ``[B, 1, 1, 1]`` position ids in float32 (recency bias).
         valid: ``[B, 1, 1, 1]`` real-token mask in float32, or None when every row is real.
-        invalid: ``[B, 1, 1]``, True at padding, or None when every row is real.
+        invalid: ``[B, 1, 1, 1]``, True at padding, or None when every row is real.
         write_scale: ``head_dim^-0.5 / write_temperature``.
         recency: add the recency bias.
         content_gain: ``config.content_gain``, or None without the content read.
         max_gamma: ``config.content_read_max_gamma``.
         refinement: use the slot-space refinement.
-        slot_space_rope: ``config.slot_space_rope_theta``, or None without slot-space rotary.
         read_temperature: ``config.read_temperature``.
         slot_dropout: ``config.slot_dropout``.
         torch_backend: ``config.scan_backend`` resolves to PyTorch (else the step is not taken).
     """
 
+    dtype: torch.dtype
     rotary: tuple[torch.Tensor, torch.Tensor] | None
+    slot_rotary: tuple[torch.Tensor, torch.Tensor] | None
     positions: torch.Tensor
-    position_ids: torch.Tensor
     valid: torch.Tensor | None
     invalid: torch.Tensor | None
     write_scale: float
@@ -167,29 +169,61 @@ class _StepConstants:
     content_gain: str | None
     max_gamma: float
     refinement: bool
-    slot_space_rope: float | None
     read_temperature: float
     slot_dropout: float
     torch_backend: bool
 
     @classmethod
     def build(cls, config: ASMConfig, positions: torch.Tensor, valid: torch.Tensor,
-              rotary: tuple[torch.Tensor, torch.Tensor] | None) -> _StepConstants:
-        """From ``positions, valid [B, 1]`` and the write keys' rotary tables."""
+              rotary: tuple[torch.Tensor, torch.Tensor] | None,
+              dtype: torch.dtype) -> _StepConstants:
+        """From ``positions, valid [B, 1]``, the write keys' rotary tables and the hidden
+        states' dtype."""
         c = config
         padded = not bool(valid.all())
+        slot_rope = c.use_slot_space_refinement and c.slot_space_rope
         return cls(
-            rotary=rotary, positions=positions.to(torch.float32)[:, :, None],
-            position_ids=positions,
+            dtype=torch.promote_types(dtype, torch.float32), rotary=rotary,
+            slot_rotary=(_rotary_tables(positions, c.slot_space_dim, c.slot_space_rope_theta)
+                         if slot_rope else None),
+            positions=positions.to(torch.float32)[:, :, None, None],
             valid=valid.to(torch.float32)[:, :, None, None] if padded else None,
-            invalid=~valid[:, :, None] if padded else None,
+            invalid=~valid[:, :, None, None] if padded else None,
             write_scale=c.head_dim ** -0.5 / c.write_temperature,
             recency=c.use_recency_bias,
             content_gain=c.content_gain if c.use_content_read else None,
             max_gamma=c.content_read_max_gamma, refinement=c.use_slot_space_refinement,
-            slot_space_rope=c.slot_space_rope_theta if c.slot_space_rope else None,
             read_temperature=c.read_temperature, slot_dropout=c.slot_dropout,
             torch_backend=not _use_triton(c.scan_backend, positions))
+
+
+@dataclass
+class _StepWeights:
+    """The constants one layer's decode step derives from its weights, in the state's dtype
+    (``ASAAttention._step_weights``). Under ``no_grad`` they are made at the first decode step
+    of a cache and kept in its :class:`ASMCacheLayer` (``step_weights``) for the later steps:
+    like the state, they belong to the weights the cache was made with. With gradients on,
+    every step makes them anew from the weights.
+
+    Attributes:
+        write_keys: ``[H, d, K]`` slot keys transposed, times ``head_dim^-0.5 /
+            write_temperature`` (write logits ``key @ write_keys``).
+        read_keys: ``[H, d, K]`` slot keys transposed, times ``head_dim^-0.5`` (the read's key
+            term ``q @ read_keys``).
+        recency: ``[H, 1, 1]`` recency strength times the ALiBi slopes, or None.
+        gamma: ``gamma head_dim^-0.5`` (0-d; the content term is ``gamma (q scale) . slot``),
+            or None without the content read.
+        gate: the refinement gate ``g`` (0-d), or None without the refinement.
+        slot_qkv: ``[W_q; W_k; W_v] W_in`` ``[3M, K]`` when the five slot-space maps are plain
+            ``nn.Linear``s, else None (the modules are called).
+    """
+
+    write_keys: torch.Tensor
+    read_keys: torch.Tensor
+    recency: torch.Tensor | None
+    gamma: torch.Tensor | None
+    gate: torch.Tensor | None
+    slot_qkv: torch.Tensor | None
 
 
 def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -218,6 +252,7 @@ class ASMCacheLayer:
     def __init__(self) -> None:
         self.scan: ScanState | None = None
         self.slot_space: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.step_weights: _StepWeights | None = None  # made by the first decode step
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         if self.scan is not None:
@@ -228,6 +263,7 @@ class ASMCacheLayer:
     def reset(self) -> None:
         self.scan = None
         self.slot_space = None
+        self.step_weights = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._apply(lambda x: x.index_select(0, beam_idx.to(x.device)))
@@ -408,64 +444,95 @@ class ASAAttention(nn.Module):
             self._slopes[(device, dtype)] = slopes
         return slopes
 
+    def _step_weights(self, k: _StepConstants) -> _StepWeights:
+        """The constants of the decode step derived from this layer's weights (see
+        :class:`_StepWeights`), in ``k.dtype``."""
+        dt, scale = k.dtype, self.head_dim ** -0.5
+        keys = self.slot_keys.to(dt).transpose(-1, -2)
+        recency = gamma = gate = slot_qkv = None
+        if k.recency:
+            recency = (F.softplus(self.recency_strength_raw).to(dt)
+                       * self._alibi_slopes(keys.device, dt)).view(-1, 1, 1)
+        if k.content_gain is not None:
+            gamma = (_content_gain(self.content_gamma_raw, k.content_gain, k.max_gamma)
+                     * scale).to(dt)
+        if k.refinement:
+            gate = F.softplus(self.refinement_gate_raw).to(dt)
+            maps = (self.slot_in, self.slot_q, self.slot_k, self.slot_v)
+            if all(type(x) is nn.Linear for x in maps):
+                slot_qkv = torch.cat((self.slot_q.weight, self.slot_k.weight,
+                                      self.slot_v.weight)) @ self.slot_in.weight
+        return _StepWeights(write_keys=(keys * k.write_scale).contiguous(),
+                            read_keys=(keys * scale).contiguous(), recency=recency,
+                            gamma=gamma, gate=gate, slot_qkv=slot_qkv)
+
     def _step(self, hidden: torch.Tensor, layer_cache: ASMCacheLayer,
               k: _StepConstants) -> torch.Tensor:
         """The decode step: :meth:`forward` for one position with a cache, no statistics and
         no intervention, in few ops (:func:`asa_attend_step`, the slot-space
-        :func:`causal_linear_attention_step`, the constants of ``k``); the same maths as the
-        chunked path, which stays the reference. ``hidden [B, 1, D]`` -> ``[B, 1, D]``."""
+        :func:`causal_linear_attention_step`, the per-token constants of ``k`` and the
+        per-layer :class:`_StepWeights`, which fold the scales into the slot keys); the same
+        maths as the chunked path, which stays the reference. ``hidden [B, 1, D]`` ->
+        ``[B, 1, D]``."""
+        if torch.is_grad_enabled():  # made anew, so gradients reach the weights every step
+            w = self._step_weights(k)
+        else:
+            w = layer_cache.step_weights
+            if w is None:
+                w = layer_cache.step_weights = self._step_weights(k)
         b = hidden.shape[0]
         h, d = self.num_heads, self.head_dim
-        dt = torch.promote_types(hidden.dtype, torch.float32)
         q = _project(self.q_proj, hidden).view(b, h, 1, d)
         key = _project(self.k_proj, hidden).view(b, h, 1, d)
         v = _project(self.v_proj, hidden).view(b, h, 1, d)
+        if hidden.dtype != k.dtype:
+            q, key, v = q.to(k.dtype), key.to(k.dtype), v.to(k.dtype)
         if k.rotary is not None:
-            key = _apply_rotary(key, k.rotary)
-        q = q * d ** -0.5
-        both = torch.cat((key, q), dim=2).transpose(-1, -2)  # [B, H, d, 2]
-        logits, key_logits = (self.slot_keys @ both).to(dt).unbind(-1)  # [B, H, K]
-        logits = logits * k.write_scale
-        if k.recency:
-            strength = F.softplus(self.recency_strength_raw).to(dt)
-            logits = torch.addcmul(
-                logits, (strength * self._alibi_slopes(hidden.device, dt))[:, None], k.positions)
+            cos, sin = k.rotary
+            key = torch.addcmul(key * cos, key.roll(d // 2, dims=-1), sin)
+        logits = key @ w.write_keys  # [B, H, 1, K]
+        if w.recency is not None:
+            logits = torch.addcmul(logits, w.recency, k.positions)
         if k.invalid is not None:
             logits = logits.masked_fill(k.invalid, float("-inf"))
-        logits, key_logits = logits.unsqueeze(2), key_logits.unsqueeze(2)
+        key_logits = q @ w.read_keys
         if self.training and k.slot_dropout > 0:
             drop = torch.rand(b, h, 1, self.num_slots, device=hidden.device) < k.slot_dropout
             key_logits = key_logits.masked_fill(drop & ~drop.all(dim=-1, keepdim=True),
                                                 float("-inf"))
-        gamma = (0.0 if k.content_gain is None
-                 else _content_gain(self.content_gamma_raw, k.content_gain, k.max_gamma))
-        refine, gate = None, None
-        if k.refinement:
-            refine, gate = self._refine_step(layer_cache, k), F.softplus(self.refinement_gate_raw)
+        refine = self._refine_step(layer_cache, k, w) if w.gate is not None else None
+        # q unscaled: w.gamma carries the scale
         o, _, _, layer_cache.scan = asa_attend_step(
-            logits, v, q, key_logits, gamma, k.read_temperature, refine,
-            layer_cache.scan, gate)
-        return _project(self.o_proj, o.to(hidden.dtype).view(b, 1, h * d))
+            logits, v, q, key_logits, 0.0 if w.gamma is None else w.gamma, k.read_temperature,
+            refine, layer_cache.scan, w.gate)
+        o = o.view(b, 1, h * d)
+        return _project(self.o_proj, o if o.dtype == hidden.dtype else o.to(hidden.dtype))
 
-    def _refine_step(self, layer_cache: ASMCacheLayer,
-                     k: _StepConstants) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _refine_step(self, layer_cache: ASMCacheLayer, k: _StepConstants,
+                     w: _StepWeights) -> Callable[[torch.Tensor], torch.Tensor]:
         """:meth:`_refine` for one position (``r [B, H, 1, K]``) on the decode step of the
         slot-space linear attention."""
 
         def refine(r: torch.Tensor) -> torch.Tensor:
-            q_s, k_s, v_s = self._slot_qkv(r)  # [B, H, 1, M]
-            if k.slot_space_rope is not None:
-                q_s = _rotate(q_s, k.position_ids, k.slot_space_rope)
-                k_s = _rotate(k_s, k.position_ids, k.slot_space_rope)
+            if w.slot_qkv is not None:
+                if r.dtype != w.slot_qkv.dtype:
+                    r = r.to(w.slot_qkv.dtype)
+                q_s, k_s, v_s = F.linear(r, w.slot_qkv).chunk(3, dim=-1)  # [B, H, 1, M]
+            else:
+                u = self.slot_in(r.to(self.slot_in.weight.dtype))
+                q_s, k_s, v_s = self.slot_q(u), self.slot_k(u), self.slot_v(u)
+            if k.slot_rotary is not None:
+                q_s, k_s = _apply_rotary(q_s, k.slot_rotary), _apply_rotary(k_s, k.slot_rotary)
             phi_k = F.elu(k_s) + 1.0
             if k.valid is not None:
                 phi_k = phi_k * k.valid
             u2, layer_cache.slot_space = causal_linear_attention_step(
                 F.elu(q_s) + 1.0, phi_k, v_s, layer_cache.slot_space)
-            u2 = u2.to(v_s.dtype)
+            if u2.dtype != v_s.dtype:
+                u2 = u2.to(v_s.dtype)
             if self.training:
                 u2 = self.slot_space_dropout(u2)
-            return torch.tanh(self.slot_out(u2))
+            return torch.tanh(_project(self.slot_out, u2))
 
         return refine
 
@@ -786,7 +853,7 @@ class ASMModel(ASMPreTrainedModel):
             rotary = _rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
         step = None
         if t == 1 and cache is not None:
-            step = _StepConstants.build(self.config, positions, valid, rotary)
+            step = _StepConstants.build(self.config, positions, valid, rotary, hidden.dtype)
         states: list[torch.Tensor] = [hidden]
         stats: list[RefinementStats] = []
         for i, layer in enumerate(self.layers):
