@@ -400,15 +400,19 @@ def asa_attend(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
     """Dispatcher for the scan + read (see :func:`asa_attend_chunked`).
 
-    ``backend``: ``"torch"`` (chunk-parallel PyTorch), ``"triton"`` (the Triton kernels: CUDA, or
-    CPU under ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton on CUDA when installed, else PyTorch;
-    the interpreter is for testing kernels, so ``auto`` never picks it).
+    ``backend``: ``"torch"`` (chunk-parallel PyTorch: :func:`asa_attend_chunked`'s maths with
+    hand-written backwards, ``asm_chunked_autograd.asa_attend_fused``), ``"triton"`` (the
+    Triton kernels: CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton on CUDA
+    when installed, else PyTorch; the interpreter is for testing kernels, so ``auto`` never
+    picks it).
     """
     if _use_triton(backend, v):
         return asa_attend_triton(logits, v, q, key_logits, gamma, read_temperature, refine,
                                  state, gate)
-    return asa_attend_chunked(logits, v, q, key_logits, gamma, read_temperature, refine,
-                              chunk_size, state, gate)
+    from .asm_chunked_autograd import asa_attend_fused
+
+    return asa_attend_fused(logits, v, q, key_logits, gamma, read_temperature, refine,
+                            chunk_size, state, gate)
 
 
 def causal_linear_attention_ref(
@@ -499,7 +503,9 @@ def causal_linear_attention(
     """Dispatcher for the causal linear attention (``backend`` as in :func:`asa_attend`)."""
     if _use_triton(backend, v):
         return causal_linear_attention_triton(phi_q, phi_k, v, state)
-    return causal_linear_attention_chunked(phi_q, phi_k, v, chunk_size, state)
+    from .asm_chunked_autograd import causal_linear_attention_fused
+
+    return causal_linear_attention_fused(phi_q, phi_k, v, chunk_size, state)
 
 
 try:

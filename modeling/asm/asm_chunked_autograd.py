@@ -1,0 +1,375 @@
+"""The chunked scan + read and the slot-space linear attention with hand-written backwards (CPU).
+
+Same maths as :func:`~modeling.asm.asm_kernels.asa_attend_chunked` and
+:func:`~modeling.asm.asm_kernels.causal_linear_attention_chunked` (which stay as the
+autograd-through-ops references), with every chunk of a sequence in one batched product
+(``[B H NC, C, *]``) and only the chunk-to-chunk state recurrence in a Python loop.
+
+Scan + read, for chunks whose positions all share the chunk's reference
+``c_s = max(m_s, max_{tau <= chunk end} l_{tau, s})`` (one band: the usual case; a chunk whose
+running max rises by the band width or more returns ``None`` and the caller takes the
+reference path): ``e[tau, s] = exp(l[tau, s] - c_s)``, ``D_s(t) = den_prev_s + sum_{tau<=t} e``,
+``inv = 1 / D`` where written (else 0) and, for any per-position vector ``x_t`` and weights
+``a[t, s]``,
+
+* scores ``<x_t, slot_s(t)> = inv * (x @ num_prev^T + tril(x v^T) @ e)``,
+* read ``sum_s a[t, s] slot_s(t) = (a inv) @ num_prev + tril((a inv) @ e^T) @ v``.
+
+Backward of either, with ``G[t, s] = coef[t, s] x_t`` the gradient of ``slot_s(t)`` (scores:
+``coef`` the incoming gradient, ``x`` the queries; read: ``coef = a``, ``x`` the incoming
+gradient) and ``pdot[t, s] = <x_t, slot_s(t)>``, ``Bc = coef * inv``: inside a chunk
+``dl[tau, s] = e[tau, s] sum_{t >= tau} Bc[t, s] (<x_t, v_tau> - pdot[t, s])`` and
+``dv_tau = sum_s e[tau, s] sum_{t >= tau} Bc[t, s] x_t``; across chunks through the state at each
+chunk's end (``dnum, dden``, carried backwards with the chunks' rescaling factors), which adds
+``e (dden + v . dnum)`` to ``dl`` and ``e @ dnum`` to ``dv``. The forward keeps the chunk
+products it needs (``tril(q v^T)``, ``tril((a inv) e^T)``) and the per-chunk ``e, inv``;
+the backward recomputes nothing of size ``[B, H, T, K, d]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .asm_kernels import Refine, ScanState, _band_width, _safe_reciprocal, asa_attend_chunked
+
+__all__ = ["asa_attend_fused", "causal_linear_attention_fused"]
+
+
+class _ScanCache:
+    """Forward intermediates of one scan, shared by the scores and read Functions.
+
+    All chunked tensors are 3-D, ``N = B H NC`` chunks first, ``C`` positions per chunk:
+    ``ei [N, C + K, K]`` is ``e`` over the ``K x K`` identity, ``vn [N, C + K, d]`` the chunk's
+    values over its carried state ``num_prev`` (at the chunk's reference), so that one product
+    gives both the intra-chunk and the carried-state terms (``inv * (x vn^T) ei`` are the
+    scores, ``((a inv) ei^T) vn`` the read, the first ``C`` columns of ``x vn^T`` and of
+    ``(a inv) ei^T`` masked to the causal triangle); ``inv [N, C, K]``; ``carry [B H, NC, K]``
+    takes chunk ``i - 1``'s end state to chunk ``i``'s reference."""
+
+    ei: torch.Tensor
+    vn: torch.Tensor
+    inv: torch.Tensor
+    carry: torch.Tensor
+    final: ScanState
+    shape: tuple[int, int, int, int]  # (B, H, T, NC)
+    step: int
+
+    @property
+    def e(self) -> torch.Tensor:
+        return self.ei[:, :self.step]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.vn[:, :self.step]
+
+
+def _chunks(x: torch.Tensor, nc: int, step: int, fill: float = 0.0) -> torch.Tensor:
+    """``[B, H, T, w] -> [B H NC, C, w]`` (contiguous), padded at the end with ``fill``."""
+    b, h, t, w = x.shape
+    pad = nc * step - t
+    if pad:
+        x = torch.cat([x, x.new_full((b, h, pad, w), fill)], dim=2)
+    return x.reshape(b * h * nc, step, w)
+
+
+def _unchunk(x: torch.Tensor, shape: tuple[int, int, int, int]) -> torch.Tensor:
+    """``[B H NC, C, w] -> [B, H, T, w]`` (a view)."""
+    b, h, t, nc = shape
+    x = x.view(b, h, -1, x.shape[-1])
+    return x[:, :, :t] if x.shape[2] != t else x
+
+
+def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
+             width: float) -> _ScanCache | None:
+    """The scan's per-chunk factors (no autograd), or ``None`` if some chunk needs bands."""
+    b, h, t, k = logits.shape
+    d = v.shape[-1]
+    nc = -(-t // step)
+    n = b * h * nc
+    lg = _chunks(logits, nc, step, float("-inf")).view(b * h, nc, step, k)
+    mu = torch.maximum(state.m.reshape(b * h, 1, k),
+                       lg.view(b * h, nc * step, k).cummax(dim=1).values)
+    mu = mu.view(lg.shape)  # running max, -inf before a slot's first write
+    ends = mu[:, :, -1]  # [B H, NC, K]: each chunk's reference
+    written = mu > float("-inf")
+    # one band per chunk unless the running max rises by the band width inside a chunk
+    if bool(((ends.unsqueeze(2) - mu >= width) & written).any()):
+        return None
+    c = torch.where(ends > float("-inf"), ends, 0.0)
+    cache = _ScanCache()
+    cache.shape, cache.step = (b, h, t, nc), step
+    ei = lg.new_empty(b * h, nc, step + k, k)
+    torch.exp(lg - c.unsqueeze(2), out=ei[:, :, :step])
+    ei[:, :, step:] = torch.eye(k, dtype=ei.dtype, device=ei.device)
+    cache.ei = ei.view(n, step + k, k)
+    vn = v.new_empty(b, h, nc, step + k, d)
+    if nc * step == t:
+        vn[:, :, :, :step] = v.view(b, h, nc, step, d)
+    else:
+        vn[:, :, :, :step] = _chunks(v, nc, step).view(b, h, nc, step, d)
+    cache.vn = vn.view(n, step + k, d)
+    e3 = cache.e
+    ev = torch.bmm(e3.transpose(1, 2), cache.v).view(b * h, nc, k, d)
+    esum = ei[:, :, :step].sum(dim=2)  # [B H, NC, K]
+    m0 = state.m.reshape(b * h, 1, k)
+    m_prev = torch.cat([m0, ends[:, :-1]], dim=1) if nc > 1 else m0
+    carry = torch.exp(m_prev - c)  # 0 before the first write
+    den, num = state.den.reshape(b * h, k), state.num.reshape(b * h, k, d)
+    num_prev = vn.view(b * h, nc, step + k, d)[:, :, step:]
+    dens = []
+    for i in range(nc):
+        den = den * carry[:, i]
+        num = torch.mul(num, carry[:, i, :, None], out=num_prev[:, i])
+        dens.append(den)
+        den = den + esum[:, i]
+        num = num + ev[:, i]
+    den_prev = torch.stack(dens, dim=1)  # [B H, NC, K]
+    denom = ei[:, :, :step].cumsum(dim=2) + den_prev.unsqueeze(2)
+    cache.inv = torch.where(written, denom.reciprocal(), 0.0).view(n, step, k)
+    cache.carry = carry
+    cache.final = ScanState(m=ends[:, -1].view(b, h, k), den=den.view(b, h, k),
+                            num=num.view(b, h, k, d))
+    return cache
+
+
+def _backward(cache: _ScanCache, x: torch.Tensor | None, bc: torch.Tensor | None,
+              pdot: torch.Tensor | None, xv: torch.Tensor | None, p: torch.Tensor | None,
+              dnum: torch.Tensor | None, dden: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dlogits, dv)`` ``[N, C, *]`` for the slot gradients ``G[t, s] = coef[t, s] x_t``
+    (chunked: ``x``, ``bc = coef inv``, ``pdot[t, s] = <x_t, slot_s(t)>``, ``xv = x vn^T``
+    and ``p = bc ei^T``, both masked) and the final state's gradients ``dnum, dden`` (or
+    None)."""
+    e, carry, step = cache.e, cache.carry, cache.step
+    bh, nc, k = carry.shape
+    d = cache.vn.shape[-1]
+    if bc is not None:
+        bp = bc * pdot
+        dvn = torch.bmm(p.transpose(1, 2), x)  # [N, C + K, d]: intra dv over the state's
+        local_dnum = dvn.view(bh, nc, step + k, d)[:, :, step:]
+        local_dden = bp.sum(dim=1).view(bh, nc, k)  # minus the gradient of den_prev
+    dn = dnum.reshape(bh, k, d) if dnum is not None else e.new_zeros(bh, k, d)
+    dd = dden.reshape(bh, k) if dden is not None else e.new_zeros(bh, k)
+    dns, dds = [None] * nc, [None] * nc
+    for i in reversed(range(nc)):
+        dns[i], dds[i] = dn, dd  # the gradient of chunk i's end state
+        if bc is not None:
+            dn = dn + local_dnum[:, i]
+            dd = dd - local_dden[:, i]
+        dn = dn * carry[:, i, :, None]
+        dd = dd * carry[:, i]
+    dn3 = torch.stack(dns, dim=1).view(-1, k, d)
+    dd3 = torch.stack(dds, dim=1).view(-1, 1, k)
+    inner = torch.baddbmm(dd3, cache.v, dn3.transpose(1, 2))  # [N, C, K]
+    if bc is None:
+        return inner.mul_(e), torch.bmm(e, dn3)
+    # sum_{t >= tau} bc[t] pdot[t]: a reversed cumulative sum inside each chunk
+    inner = torch.baddbmm(inner, xv[:, :, :step].transpose(1, 2), bc).sub_(
+        bp.flip(1).cumsum(dim=1).flip(1))
+    dv = torch.baddbmm(dvn[:, :step], e, dn3)
+    return inner.mul_(e), dv
+
+
+class _Prepare(torch.autograd.Function):
+    """The scan's factors (into ``holder``) and its differentiable final ``(den, num)``."""
+
+    @staticmethod
+    def forward(ctx, logits, v, holder, state, step, width):
+        cache = _prepare(logits, v, state, step, width)
+        holder.append(cache)
+        if cache is None:
+            return logits.new_zeros(()), v.new_zeros(())
+        ctx.cache = cache
+        return cache.final.den.clone(), cache.final.num.clone()
+
+    @staticmethod
+    def backward(ctx, dden, dnum):
+        cache = ctx.cache
+        dl, dv = _backward(cache, None, None, None, None, None, dnum, dden)
+        return (_unchunk(dl, cache.shape), _unchunk(dv, cache.shape), None, None, None,
+                None)
+
+
+class _Scores(torch.autograd.Function):
+    """``<x_t, slot_s(t)>`` ``[B, H, T, K]`` on a prepared scan; ``x [B, H, T, d]``."""
+
+    @staticmethod
+    def forward(ctx, x, logits, v, cache):
+        x = _chunks(x, cache.shape[3], cache.step)
+        xv = torch.bmm(x, cache.vn.transpose(1, 2))
+        xv[:, :, :cache.step].tril_()  # causal inside the chunk
+        out = torch.bmm(xv, cache.ei).mul_(cache.inv)
+        ctx.cache = cache
+        ctx.save_for_backward(x, xv, out)
+        return _unchunk(out, cache.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, xv, out = ctx.saved_tensors
+        cache = ctx.cache
+        bc = _chunks(grad, cache.shape[3], cache.step) * cache.inv
+        p = torch.bmm(bc, cache.ei.transpose(1, 2))
+        p[:, :, :cache.step].tril_()
+        dl, dv = _backward(cache, x, bc, out, xv, p, None, None)
+        dx = torch.bmm(p, cache.vn)
+        return (_unchunk(dx, cache.shape), _unchunk(dl, cache.shape),
+                _unchunk(dv, cache.shape), None)
+
+
+class _Read(torch.autograd.Function):
+    """``sum_s a[t, s] slot_s(t)`` ``[B, H, T, d]`` on a prepared scan; ``a [B, H, T, K]``."""
+
+    @staticmethod
+    def forward(ctx, a, logits, v, cache):
+        ai = _chunks(a, cache.shape[3], cache.step) * cache.inv
+        p = torch.bmm(ai, cache.ei.transpose(1, 2))
+        p[:, :, :cache.step].tril_()
+        out = torch.bmm(p, cache.vn)
+        ctx.cache = cache
+        ctx.save_for_backward(ai, p)
+        return _unchunk(out, cache.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ai, p = ctx.saved_tensors
+        cache = ctx.cache
+        grad = _chunks(grad, cache.shape[3], cache.step)
+        gv = torch.bmm(grad, cache.vn.transpose(1, 2))
+        gv[:, :, :cache.step].tril_()
+        da = torch.bmm(gv, cache.ei).mul_(cache.inv)
+        dl, dv = _backward(cache, grad, ai, da, gv, p, None, None)
+        return (_unchunk(da, cache.shape), _unchunk(dl, cache.shape),
+                _unchunk(dv, cache.shape), None)
+
+
+def asa_attend_fused(
+    logits: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    key_logits: torch.Tensor,
+    gamma: torch.Tensor | float,
+    read_temperature: float = 1.0,
+    refine: Refine | None = None,
+    chunk_size: int = 64,
+    state: ScanState | None = None,
+    gate: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
+    """:func:`~modeling.asm.asm_kernels.asa_attend_chunked` (same arguments and results) with
+    the hand-written backward of this module; takes the reference path where a chunk needs
+    more than one band or the initial state needs a gradient."""
+    b, h, t, k = logits.shape
+    d = v.shape[-1]
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    if state is not None and any(x.requires_grad for x in (state.m, state.den, state.num)):
+        return asa_attend_chunked(logits, v, q, key_logits, gamma, read_temperature, refine,
+                                  chunk_size, state, gate)
+    logits, v, q, key_logits = (x.to(dt) for x in (logits, v, q, key_logits))
+    if state is None:
+        state = ScanState.empty(b, h, k, d, v.device, dt)
+    else:
+        state = ScanState(m=state.m.to(dt), den=state.den.to(dt), num=state.num.to(dt))
+    step = max(1, min(chunk_size, t))
+    holder: list[_ScanCache | None] = []
+    den, num = _Prepare.apply(logits, v, holder, state, step, _band_width(dt))
+    cache = holder[0]
+    if cache is None:
+        return asa_attend_chunked(logits, v, q, key_logits, gamma, read_temperature, refine,
+                                  chunk_size, state, gate)
+    final = ScanState(m=cache.final.m, den=den, num=num)
+    gamma = torch.as_tensor(gamma, dtype=dt, device=v.device)
+    gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
+    content = _Scores.apply(q, logits, v, cache)
+    r = torch.softmax((key_logits + gamma * content) / read_temperature, dim=-1)
+    w = refine(r).to(dt) if refine is not None else None
+
+    def contract(a: torch.Tensor) -> torch.Tensor:
+        return _Read.apply(a, logits, v, cache)
+
+    if w is not None and gate is not None:
+        return contract(r + torch.as_tensor(gate, dtype=dt, device=v.device) * w), r, None, final
+    return contract(r), r, contract(w) if w is not None else None, final
+
+
+class _LinearAttention(torch.autograd.Function):
+    """Chunked causal linear attention (see :func:`causal_linear_attention_fused`); inputs
+    ``q, k [N, C, M]``, ``v [N, C, Mv]`` chunked, ``s0 [B H, M, Mv]``, ``z0 [B H, M]``; outputs
+    ``out [N, C, Mv]`` and the final ``(S, Z)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, s0, z0, nc):
+        bh, mm, mv = s0.shape
+        kv = torch.bmm(k.transpose(1, 2), v).view(bh, nc, mm, mv)
+        ks = k.sum(dim=1).view(bh, nc, mm)
+        sp = q.new_empty(bh, nc, mm, mv)  # the state at each chunk's start
+        zp = q.new_empty(bh, nc, mm)
+        s, z = s0, z0
+        for i in range(nc):
+            sp[:, i], zp[:, i] = s, z
+            s, z = s + kv[:, i], z + ks[:, i]
+        sp, zp = sp.view(-1, mm, mv), zp.view(-1, 1, mm)
+        a = torch.bmm(q, k.transpose(1, 2)).tril_()  # [N, C, C]
+        numer = torch.baddbmm(torch.bmm(q, sp), a, v)
+        denom = (q * zp).sum(-1) + a.sum(-1)  # [N, C]
+        inv = _safe_reciprocal(denom)
+        out = numer.mul_(inv.unsqueeze(-1))
+        ctx.save_for_backward(q, k, v, sp, zp, a, inv, out)
+        ctx.nc = nc
+        return out, s, z
+
+    @staticmethod
+    def backward(ctx, grad, ds, dz):
+        q, k, v, sp, zp, a, inv, out = ctx.saved_tensors
+        nc = ctx.nc
+        n, _, mm = q.shape
+        mv = v.shape[-1]
+        bh = n // nc
+        gn = grad * inv.unsqueeze(-1)  # [N, C, Mv]
+        gz = (grad * out).sum(-1).mul_(inv).neg_()  # [N, C]: gradient of the normaliser
+        da = torch.baddbmm(gz.unsqueeze(-1), gn, v.transpose(1, 2)).tril_()
+        dq = torch.baddbmm(torch.bmm(gn, sp.transpose(1, 2)), da, k)
+        dq.addcmul_(gz.unsqueeze(-1), zp)
+        dsp = torch.bmm(q.transpose(1, 2), gn).view(bh, nc, mm, mv)  # gradient of sp
+        dzp = (q * gz.unsqueeze(-1)).sum(1).view(bh, nc, mm)
+        # the gradient of each chunk's k^T v and sum k: the later chunks' sp, zp and (S, Z)
+        dkv = q.new_empty(bh, nc, mm, mv)
+        dks = q.new_empty(bh, nc, mm)
+        acc_s = ds if ds is not None else q.new_zeros(bh, mm, mv)
+        acc_z = dz if dz is not None else q.new_zeros(bh, mm)
+        acc_s, acc_z = acc_s.reshape(bh, mm, mv), acc_z.reshape(bh, mm)
+        for i in reversed(range(nc)):
+            dkv[:, i], dks[:, i] = acc_s, acc_z
+            acc_s, acc_z = acc_s + dsp[:, i], acc_z + dzp[:, i]
+        dkv, dks = dkv.view(-1, mm, mv), dks.view(-1, 1, mm)
+        dk = torch.baddbmm(torch.bmm(da.transpose(1, 2), q), v, dkv.transpose(1, 2)).add_(dks)
+        dv = torch.baddbmm(torch.bmm(a.transpose(1, 2), gn), k, dkv)
+        return dq, dk, dv, acc_s, acc_z, None
+
+
+def causal_linear_attention_fused(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int = 64,
+    state: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`~modeling.asm.asm_kernels.causal_linear_attention_chunked` (same arguments and
+    results) as one autograd Function over all chunks at once: per chunk ``C`` positions,
+    ``out = (q S_prev + tril(q k^T) v) / (q . Z_prev + rowsum tril(q k^T))``, the chunks'
+    starting states ``(S_prev, Z_prev)`` a running sum of the chunks' ``(k^T v, sum k)``
+    (a loop over chunks of ``[M, Mv]`` additions); the backward carries the states' gradients
+    back the same way."""
+    b, h, t, mm = phi_q.shape
+    mv = v.shape[-1]
+    dt = torch.promote_types(phi_q.dtype, torch.float32)
+    phi_q, phi_k, v = phi_q.to(dt), phi_k.to(dt), v.to(dt)
+    step = max(1, min(chunk_size, t))
+    nc = -(-t // step)
+    q3, k3, v3 = (_chunks(x, nc, step) for x in (phi_q, phi_k, v))  # [N, C, *]
+    if state is None:
+        s0 = torch.zeros(b * h, mm, mv, device=v.device, dtype=dt)
+        z0 = torch.zeros(b * h, mm, device=v.device, dtype=dt)
+    else:
+        s0 = state[0].to(dt).reshape(b * h, mm, mv)
+        z0 = state[1].to(dt).reshape(b * h, mm)
+    out, s, z = _LinearAttention.apply(q3, k3, v3, s0, z0, nc)
+    return _unchunk(out, (b, h, t, nc)), (s.view(b, h, mm, mv), z.view(b, h, mm))
