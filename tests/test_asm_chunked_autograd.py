@@ -150,6 +150,26 @@ def test_dispatcher_takes_the_hand_written_backward_on_cpu():
     assert "_LinearAttentionBackward" in graph_nodes(out)
 
 
+def test_partial_and_repeated_backward_passes():
+    """The reads leave their logit and value gradients to the scores' backward: a pass that
+    needs only the key logits' gradient (the scores' backward does not run) leaves nothing
+    behind for the next, and two reads on one scan (the refinement's unfused ``delta``) and a
+    retained graph run twice give the chunked form's gradients each time."""
+    inputs = padded_inputs(2, 2, 40, 4, 8, torch.float64)
+    w = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for fn in (asa_attend_fused, asa_attend_chunked):
+        leaves = {n: x.clone().requires_grad_() for n, x in inputs.items()}
+        o, _, delta, _ = fn(**leaves, refine=lambda x: torch.tanh(x @ w), chunk_size=16)
+        loss = (o * o).sum() + delta.sum()
+        first = torch.autograd.grad(loss, leaves["key_logits"], retain_graph=True)
+        grads.append([*first, *torch.autograd.grad(loss, list(leaves.values()),
+                                                   retain_graph=True)])
+        grads[-1] += torch.autograd.grad(loss, list(leaves.values()))
+    for a, e in zip(*grads, strict=True):
+        torch.testing.assert_close(a, e, **TOL64)
+
+
 def test_steep_logits_fall_back_to_banded_reference():
     """A chunk whose running max rises by more than the band width (about 40 in float32) takes
     the banded autograd-through-ops path: the results equal it and the reference."""

@@ -51,6 +51,7 @@ class _ScanCache:
     inv: torch.Tensor
     carry: torch.Tensor
     final: ScanState
+    pending: list  # (backward pass, term) of the reads, for the scores' backward
     shape: tuple[int, int, int, int]  # (B, H, T, NC)
     step: int
 
@@ -97,6 +98,7 @@ def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
         return None
     c = torch.where(ends > float("-inf"), ends, 0.0)
     cache = _ScanCache()
+    cache.pending = []
     cache.shape, cache.step = (b, h, t, nc), step
     ei = lg.new_empty(b * h, nc, step + k, k)
     torch.exp(lg - c.unsqueeze(2), out=ei[:, :, :step])
@@ -132,20 +134,24 @@ def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
     return cache
 
 
-def _backward(cache: _ScanCache, x: torch.Tensor | None, bc: torch.Tensor | None,
-              pdot: torch.Tensor | None, xv: torch.Tensor | None, p: torch.Tensor | None,
-              dnum: torch.Tensor | None, dden: torch.Tensor | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dlogits, dv)`` ``[N, C, *]`` for the slot gradients ``G[t, s] = coef[t, s] x_t``
-    (chunked: ``x``, ``bc = coef inv``, ``pdot[t, s] = <x_t, slot_s(t)>``, ``xv = x vn^T``
-    and ``p = bc ei^T``, both masked) and the final state's gradients ``dnum, dden`` (or
-    None)."""
+Term = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _backward(cache: _ScanCache, terms: list[Term], dnum: torch.Tensor | None,
+              dden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dlogits, dv)`` ``[N, C, *]`` for slot gradients ``G[t, s] = sum coef[t, s] x_t`` over
+    ``terms`` ``(x, bc, pdot, xv, p)`` (chunked: ``x``, ``bc = coef inv``,
+    ``pdot[t, s] = <x_t, slot_s(t)>``, ``xv = x vn^T`` and ``p = bc ei^T``, both masked) and
+    the final state's gradients ``dnum, dden`` (or None)."""
     e, carry, step = cache.e, cache.carry, cache.step
     bh, nc, k = carry.shape
     d = cache.vn.shape[-1]
-    if bc is not None:
-        bp = bc * pdot
-        dvn = torch.bmm(p.transpose(1, 2), x)  # [N, C + K, d]: intra dv over the state's
+    dvn = bp = None
+    for x, bc, pdot, _, p in terms:
+        dvn = (torch.bmm(p.transpose(1, 2), x) if dvn is None  # [N, C + K, d]: intra dv
+               else dvn.baddbmm_(p.transpose(1, 2), x))  # over the state's gradient
+        bp = bc * pdot if bp is None else bp.addcmul_(bc, pdot)
+    if terms:
         local_dnum = dvn.view(bh, nc, step + k, d)[:, :, step:]
         local_dden = bp.sum(dim=1).view(bh, nc, k)  # minus the gradient of den_prev
     dn = dnum.reshape(bh, k, d) if dnum is not None else e.new_zeros(bh, k, d)
@@ -153,19 +159,20 @@ def _backward(cache: _ScanCache, x: torch.Tensor | None, bc: torch.Tensor | None
     dns, dds = [None] * nc, [None] * nc
     for i in reversed(range(nc)):
         dns[i], dds[i] = dn, dd  # the gradient of chunk i's end state
-        if bc is not None:
+        if terms:
             dn = dn + local_dnum[:, i]
             dd = dd - local_dden[:, i]
         dn = dn * carry[:, i, :, None]
         dd = dd * carry[:, i]
     dn3 = torch.stack(dns, dim=1).view(-1, k, d)
     dd3 = torch.stack(dds, dim=1).view(-1, 1, k)
-    inner = torch.baddbmm(dd3, cache.v, dn3.transpose(1, 2))  # [N, C, K]
-    if bc is None:
+    inner = torch.bmm(cache.v, dn3.transpose(1, 2)).add_(dd3)  # [N, C, K]
+    if not terms:
         return inner.mul_(e), torch.bmm(e, dn3)
+    for _, bc, _, xv, _ in terms:
+        inner.baddbmm_(xv[:, :, :step].transpose(1, 2), bc)
     # sum_{t >= tau} bc[t] pdot[t]: a reversed cumulative sum inside each chunk
-    inner = torch.baddbmm(inner, xv[:, :, :step].transpose(1, 2), bc).sub_(
-        bp.flip(1).cumsum(dim=1).flip(1))
+    inner.sub_(bp.flip(1).cumsum(dim=1).flip(1))
     dv = torch.baddbmm(dvn[:, :step], e, dn3)
     return inner.mul_(e), dv
 
@@ -183,15 +190,21 @@ class _Prepare(torch.autograd.Function):
         return cache.final.den.clone(), cache.final.num.clone()
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dden, dnum):
         cache = ctx.cache
-        dl, dv = _backward(cache, None, None, None, None, None, dnum, dden)
+        dl, dv = _backward(cache, [], dnum, dden)
         return (_unchunk(dl, cache.shape), _unchunk(dv, cache.shape), None, None, None,
                 None)
 
 
 class _Scores(torch.autograd.Function):
-    """``<x_t, slot_s(t)>`` ``[B, H, T, K]`` on a prepared scan; ``x [B, H, T, d]``."""
+    """``<x_t, slot_s(t)>`` ``[B, H, T, K]`` on a prepared scan; ``x [B, H, T, d]``.
+
+    Its backward also takes the logits' and values' gradients of the reads on the same scan
+    (:class:`_Read`, which run first: their weights depend on these scores), left in
+    ``cache.pending`` by their backward in the same backward pass, so the chunks' state
+    gradients are carried back once for all."""
 
     @staticmethod
     def forward(ctx, x, logits, v, cache):
@@ -204,20 +217,27 @@ class _Scores(torch.autograd.Function):
         return _unchunk(out, cache.shape)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         x, xv, out = ctx.saved_tensors
         cache = ctx.cache
+        task = torch._C._current_graph_task_id()
+        reads = [term for owner, term in cache.pending if owner == task]
+        cache.pending.clear()  # entries of other passes: their logits and values had no use
         bc = _chunks(grad, cache.shape[3], cache.step) * cache.inv
         p = torch.bmm(bc, cache.ei.transpose(1, 2))
         p[:, :, :cache.step].tril_()
-        dl, dv = _backward(cache, x, bc, out, xv, p, None, None)
+        dl, dv = _backward(cache, [(x, bc, out, xv, p), *reads], None, None)
         dx = torch.bmm(p, cache.vn)
         return (_unchunk(dx, cache.shape), _unchunk(dl, cache.shape),
                 _unchunk(dv, cache.shape), None)
 
 
 class _Read(torch.autograd.Function):
-    """``sum_s a[t, s] slot_s(t)`` ``[B, H, T, d]`` on a prepared scan; ``a [B, H, T, K]``."""
+    """``sum_s a[t, s] slot_s(t)`` ``[B, H, T, d]`` on a prepared scan; ``a [B, H, T, K]``.
+
+    The gradients of the logits and values are left to :class:`_Scores`'s backward (see
+    there); this one returns the weights' ``<grad_t, slot_s(t)>``."""
 
     @staticmethod
     def forward(ctx, a, logits, v, cache):
@@ -230,6 +250,7 @@ class _Read(torch.autograd.Function):
         return _unchunk(out, cache.shape)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         ai, p = ctx.saved_tensors
         cache = ctx.cache
@@ -237,9 +258,9 @@ class _Read(torch.autograd.Function):
         gv = torch.bmm(grad, cache.vn.transpose(1, 2))
         gv[:, :, :cache.step].tril_()
         da = torch.bmm(gv, cache.ei).mul_(cache.inv)
-        dl, dv = _backward(cache, grad, ai, da, gv, p, None, None)
-        return (_unchunk(da, cache.shape), _unchunk(dl, cache.shape),
-                _unchunk(dv, cache.shape), None)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            cache.pending.append((torch._C._current_graph_task_id(), (grad, ai, da, gv, p)))
+        return _unchunk(da, cache.shape), None, None, None
 
 
 def asa_attend_fused(
@@ -308,7 +329,7 @@ class _LinearAttention(torch.autograd.Function):
             s, z = s + kv[:, i], z + ks[:, i]
         sp, zp = sp.view(-1, mm, mv), zp.view(-1, 1, mm)
         a = torch.bmm(q, k.transpose(1, 2)).tril_()  # [N, C, C]
-        numer = torch.baddbmm(torch.bmm(q, sp), a, v)
+        numer = torch.bmm(q, sp).baddbmm_(a, v)
         denom = (q * zp).sum(-1) + a.sum(-1)  # [N, C]
         inv = _safe_reciprocal(denom)
         out = numer.mul_(inv.unsqueeze(-1))
@@ -325,8 +346,8 @@ class _LinearAttention(torch.autograd.Function):
         bh = n // nc
         gn = grad * inv.unsqueeze(-1)  # [N, C, Mv]
         gz = (grad * out).sum(-1).mul_(inv).neg_()  # [N, C]: gradient of the normaliser
-        da = torch.baddbmm(gz.unsqueeze(-1), gn, v.transpose(1, 2)).tril_()
-        dq = torch.baddbmm(torch.bmm(gn, sp.transpose(1, 2)), da, k)
+        da = torch.bmm(gn, v.transpose(1, 2)).add_(gz.unsqueeze(-1)).tril_()
+        dq = torch.bmm(gn, sp.transpose(1, 2)).baddbmm_(da, k)
         dq.addcmul_(gz.unsqueeze(-1), zp)
         dsp = torch.bmm(q.transpose(1, 2), gn).view(bh, nc, mm, mv)  # gradient of sp
         dzp = (q * gz.unsqueeze(-1)).sum(1).view(bh, nc, mm)
@@ -340,8 +361,8 @@ class _LinearAttention(torch.autograd.Function):
             dkv[:, i], dks[:, i] = acc_s, acc_z
             acc_s, acc_z = acc_s + dsp[:, i], acc_z + dzp[:, i]
         dkv, dks = dkv.view(-1, mm, mv), dks.view(-1, 1, mm)
-        dk = torch.baddbmm(torch.bmm(da.transpose(1, 2), q), v, dkv.transpose(1, 2)).add_(dks)
-        dv = torch.baddbmm(torch.bmm(a.transpose(1, 2), gn), k, dkv)
+        dk = torch.bmm(da.transpose(1, 2), q).baddbmm_(v, dkv.transpose(1, 2)).add_(dks)
+        dv = torch.bmm(a.transpose(1, 2), gn).baddbmm_(k, dkv)
         return dq, dk, dv, acc_s, acc_z, None
 
 

@@ -403,11 +403,36 @@ class ASAAttention(nn.Module):
 
         ``positions [B, T]`` are the tokens' position ids (those of the write keys), used by
         the slot-space rotary map when ``config.slot_space_rope``; ``valid [B, T]`` leaves
-        padding out of the slot-space state."""
+        padding out of the slot-space state.
+
+        Without a cache, slot-space dropout or adapters, and on the PyTorch backend, the values
+        ``v = W_v W_in r`` are linear in ``r`` and so is the read: ``slot_out(u2)`` is the
+        linear attention over the values ``r`` (``K`` wide, not ``M``) times
+        ``W_out W_v W_in`` ``[K, K]``, the same maths in fewer products (the training step)."""
         c = self.config
         rope = c.slot_space_rope
+        maps = (self.slot_in, self.slot_q, self.slot_k, self.slot_v, self.slot_out)
+        folded = (layer_cache is None and all(type(x) is nn.Linear for x in maps)
+                  and not (self.training and self.slot_space_dropout.p > 0)
+                  and not _use_triton(c.scan_backend, positions))
+
+        def refine_folded(r: torch.Tensor) -> torch.Tensor:
+            w_in = self.slot_in.weight
+            r = r.to(w_in.dtype)
+            qk = torch.cat((self.slot_q.weight, self.slot_k.weight)) @ w_in
+            q_s, k_s = F.linear(r, qk).chunk(2, dim=-1)  # [B, H, T, M]
+            if rope:
+                q_s = _rotate(q_s, positions, c.slot_space_rope_theta)
+                k_s = _rotate(k_s, positions, c.slot_space_rope_theta)
+            phi_q = F.elu(q_s) + 1.0
+            phi_k = (F.elu(k_s) + 1.0) * valid[:, None, :, None]
+            u, _ = causal_linear_attention(phi_q, phi_k, r, c.chunk_size, None, c.scan_backend)
+            out = self.slot_out.weight @ self.slot_v.weight @ w_in  # [K, K]
+            return torch.tanh(F.linear(u.to(w_in.dtype), out))
 
         def refine(r: torch.Tensor) -> torch.Tensor:
+            if folded:
+                return refine_folded(r)
             q_s, k_s, v_s = self._slot_qkv(r)  # [B, H, T, M]
             if rope:
                 q_s = _rotate(q_s, positions, c.slot_space_rope_theta)
