@@ -183,6 +183,20 @@ def test_steep_logits_fall_back_to_banded_reference():
         torch.testing.assert_close(a, o, rtol=0, atol=0)
 
 
+def test_falling_logits_keep_one_band_per_chunk():
+    """Logits falling by 30 per token from a slot's first write: the chunk's smallest logit is
+    far below its reference but its running max is not, so the hand-written path is taken (no
+    fallback) and equals the float64 reference."""
+    inputs = padded_inputs(2, 2, 24, 3, 4, torch.float32, seed=5, slope=-30.0)
+    leaves = {n: x.clone().requires_grad_() for n, x in inputs.items()}
+    assert "_ReadBackward" in graph_nodes(asa_attend_fused(**leaves, chunk_size=8)[0])
+    expected = outputs_and_grads(asa_attend_ref, inputs, torch.float64)
+    got = outputs_and_grads(asa_attend_fused, inputs, torch.float32, chunk_size=8)
+    for a, e in zip(got, expected, strict=True):
+        assert torch.isfinite(a).all()
+        assert_close(a, e, TOL32)
+
+
 @pytest.mark.parametrize("split", [1, 13, 32, 57])
 def test_state_continuation_and_final_state_gradient(split):
     """Prefill in two parts (the second from the first's state) equals one pass, and the

@@ -88,14 +88,21 @@ def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
     nc = -(-t // step)
     n = b * h * nc
     lg = _chunks(logits, nc, step, float("-inf")).view(b * h, nc, step, k)
-    mu = torch.maximum(state.m.reshape(b * h, 1, k),
-                       lg.view(b * h, nc * step, k).cummax(dim=1).values)
-    mu = mu.view(lg.shape)  # running max, -inf before a slot's first write
-    ends = mu[:, :, -1]  # [B H, NC, K]: each chunk's reference
-    written = mu > float("-inf")
-    # one band per chunk unless the running max rises by the band width inside a chunk
-    if bool(((ends.unsqueeze(2) - mu >= width) & written).any()):
-        return None
+    m0 = state.m.reshape(b * h, 1, k)
+    # each chunk's reference: the running max at its end, a running max of the chunk maxima
+    ends = torch.cat([m0, lg.amax(dim=2)], dim=1).cummax(dim=1).values  # [B H, NC + 1, K]
+    m_prev, ends = ends[:, :-1], ends[:, 1:]
+    # One band per chunk unless the running max rises by the band width inside a chunk: its
+    # lowest value, at the chunk's first written position, is at least the previous chunk's
+    # end, or (where nothing was written before) the chunk's smallest written logit; only if
+    # that bound fails, the running max itself decides.
+    low = torch.where(m_prev > float("-inf"), m_prev,
+                      lg.masked_fill(lg == float("-inf"), float("inf")).amin(dim=2))
+    if bool((ends - low >= width).any()):
+        mu = torch.maximum(m0, lg.view(b * h, nc * step, k).cummax(dim=1).values)
+        mu = mu.view(lg.shape)  # running max, -inf before a slot's first write
+        if bool(((ends.unsqueeze(2) - mu >= width) & (mu > float("-inf"))).any()):
+            return None
     c = torch.where(ends > float("-inf"), ends, 0.0)
     cache = _ScanCache()
     cache.pending = []
@@ -113,8 +120,6 @@ def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
     e3 = cache.e
     ev = torch.bmm(e3.transpose(1, 2), cache.v).view(b * h, nc, k, d)
     esum = ei[:, :, :step].sum(dim=2)  # [B H, NC, K]
-    m0 = state.m.reshape(b * h, 1, k)
-    m_prev = torch.cat([m0, ends[:, :-1]], dim=1) if nc > 1 else m0
     carry = torch.exp(m_prev - c)  # 0 before the first write
     den, num = state.den.reshape(b * h, k), state.num.reshape(b * h, k, d)
     num_prev = vn.view(b * h, nc, step + k, d)[:, :, step:]
@@ -127,7 +132,9 @@ def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
         num = num + ev[:, i]
     den_prev = torch.stack(dens, dim=1)  # [B H, NC, K]
     denom = ei[:, :, :step].cumsum(dim=2) + den_prev.unsqueeze(2)
-    cache.inv = torch.where(written, denom.reciprocal(), 0.0).view(n, step, k)
+    # written (some logit > -inf so far) exactly where denom > 0: with one band per chunk a
+    # written position's denominator is at least e^-width, an unwritten one's is 0
+    cache.inv = torch.where(denom > 0, denom.reciprocal(), 0.0).view(n, step, k)
     cache.carry = carry
     cache.final = ScanState(m=ends[:, -1].view(b, h, k), den=den.view(b, h, k),
                             num=num.view(b, h, k, d))

@@ -613,8 +613,9 @@ class ASAAttention(nn.Module):
             x == 1.0 for x in par + orth)
         gate = self.gate if refine is not None else None
         state = layer_cache.scan if layer_cache is not None else None
+        # the content term gamma <q scale, slot> with the scale on gamma: one pass less over q
         o, r, delta, new_state = asa_attend(
-            logits, v, q * scale, key_logits, gamma, c.read_temperature, refine, c.chunk_size,
+            logits, v, q, key_logits, gamma * scale, c.read_temperature, refine, c.chunk_size,
             state, c.scan_backend, gate=gate if fused else None)
         if layer_cache is not None:
             layer_cache.scan = new_state
