@@ -8,7 +8,7 @@ Llama ratio, by the wall clock and by this thread's CPU time (with one torch thr
 own work, whatever else runs on the machine). Defaults: the CPU-scale run of BENCHMARKS.md.
 
 Usage: python benchmarks/asm_training_step.py [--hidden 256] [--layers 4] [--heads 4]
-    [--block 128] [--batch 16] [--vocab 4096] [--chunk 64] [--repeats 10] [--threads 1]
+    [--block 128] [--batch 16] [--vocab 4096] [--chunk 32] [--repeats 10] [--threads 1]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--chunk", type=int, default=64, help="ASM scan chunk size")
+    parser.add_argument("--chunk", type=int, default=32, help="ASM scan chunk size")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

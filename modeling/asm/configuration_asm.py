@@ -86,7 +86,8 @@ class ASMConfig(PretrainedConfig):
             even ``slot_space_dim``. A fidelity option, see README.md.
         slot_space_rope_theta: base of the slot-space rotary frequencies (the authors' 100000).
         chunk_size: positions per chunk of the chunk-parallel scan (any value gives the same
-            result up to rounding).
+            result up to rounding; 32, the fastest CPU training step of 16 / 32 / 64 measured,
+            see BENCHMARKS.md).
         scan_backend: ``"auto"`` (Triton on CUDA, else the chunk-parallel PyTorch form),
             ``"torch"`` or ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``).
         layer_norm_eps: LayerNorm epsilon.
@@ -124,7 +125,7 @@ class ASMConfig(PretrainedConfig):
         refinement_gate_init: float = -4.0,
         slot_space_rope: bool = False,
         slot_space_rope_theta: float = 100000.0,
-        chunk_size: int = 64,
+        chunk_size: int = 32,
         scan_backend: str = "auto",
         layer_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
