@@ -4,12 +4,14 @@ Run in the vLLM environment (``make vllm-env``)::
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_steering.py [--tokens 64]
 
-Two engines in turn (each in its own process, as ``LLM`` runs by default) serve the embedded
-SmolLM2-135M-Instruct in float32: stock vLLM (the plugin installed, no registry: it does
-nothing), then vLLM with a registry holding the anxious bank set at the shipped N+ selector's
-sites. For 1, 8 and 16 concurrent requests each decodes the same prompts (``--repeats`` times,
-best tokens/s kept): the stock engine plain, the plugin engine plain and steered (every request
-steered); then the same steered batch through transformers ``generate()`` under ``steer()``.
+Two engines run side by side (each in its own engine process, as ``LLM`` runs by default) and
+serve the embedded SmolLM2-135M-Instruct in float32: stock vLLM (the plugin installed, no
+registry: it does nothing) and vLLM with a registry holding the anxious bank set at the shipped N+
+selector's sites. For 1, 8, 16 and 32 concurrent requests each decodes the same prompts, the
+engines alternating round by round (``--repeats`` rounds, best tokens/s kept) so that load on a
+shared machine hits both alike: the stock engine plain, the plugin engine plain and steered (every
+request steered); then the same steered batch through transformers ``generate()`` under
+``steer()``.
 """
 
 from __future__ import annotations
@@ -42,43 +44,58 @@ def build_registry(root: Path):
     return model, tokenizer, registry, selector
 
 
-def vllm_rates(registry: Path | None, model_dir: Path, batches, tokens: int, repeats: int,
-               modes=("plain", "steered")):
-    """Best tokens/s per batch size and mode, from one engine (stock when ``registry`` is None)."""
+def start_engine(registry: Path | None, model_dir: Path, max_seqs: int):
+    """An ``LLM`` whose engine process sees ``registry`` (None: stock vLLM)."""
     if registry is None:
         os.environ.pop("HF_MEMORY_VLLM_REGISTRY", None)
     else:
         os.environ["HF_MEMORY_VLLM_REGISTRY"] = str(registry)
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
+
+    return LLM(str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512,
+               kv_cache_memory_bytes=512 << 20, max_num_seqs=max_seqs)
+
+
+def rate(llm, ids, batch: int, tokens: int, steered: bool) -> float:
+    """Tokens/s of one batch of ``batch`` concurrent greedy requests."""
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from hf_memory_vllm import cache_salt, steering_args
 
-    llm = LLM(str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=512,
-              kv_cache_memory_bytes=512 << 20, max_num_seqs=max(batches))
-    tokenizer = llm.get_tokenizer()
+    extra = steering_args("anxious") if steered else None
+    prompts, params = [], []
+    for i in range(batch):
+        prompt = TokensPrompt(prompt_token_ids=ids[i % len(ids)])
+        if extra:
+            prompt["cache_salt"] = cache_salt(extra)
+        prompts.append(prompt)
+        params.append(SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True,
+                                     extra_args=extra))
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return batch * tokens / (time.perf_counter() - start)
+
+
+def vllm_rates(registry: Path, model_dir: Path, batches, tokens: int, repeats: int):
+    """Best tokens/s per batch size and run (``stock``: no registry; ``plain`` and ``steered``:
+    the plugin's engine), the engines alternating round by round."""
+    stock = start_engine(None, model_dir, max(batches))
+    plugin = start_engine(registry, model_dir, max(batches))
+    tokenizer = stock.get_tokenizer()
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
                                          add_generation_prompt=True,
                                          return_dict=True)["input_ids"] for p in PROMPTS]
+    runs = {"stock": (stock, False), "plain": (plugin, False), "steered": (plugin, True)}
     results = {}
     for batch in batches:
-        best = dict.fromkeys(modes, 0.0)
+        best = dict.fromkeys(runs, 0.0)
         for _ in range(repeats):
-            for mode in best:
-                extra = steering_args("anxious") if mode == "steered" else None
-                prompts, params = [], []
-                for i in range(batch):
-                    prompt = TokensPrompt(prompt_token_ids=ids[i % len(ids)])
-                    if extra:
-                        prompt["cache_salt"] = cache_salt(extra)
-                    prompts.append(prompt)
-                    params.append(SamplingParams(max_tokens=tokens, temperature=0,
-                                                 ignore_eos=True, extra_args=extra))
-                start = time.perf_counter()
-                llm.generate(prompts, params, use_tqdm=False)
-                best[mode] = max(best[mode], batch * tokens / (time.perf_counter() - start))
+            for mode, (llm, steered) in runs.items():
+                best[mode] = max(best[mode], rate(llm, ids, batch, tokens, steered))
         results[batch] = best
-    llm.llm_engine.engine_core.shutdown()
+    for llm in (stock, plugin):
+        llm.llm_engine.engine_core.shutdown()
     return results
 
 
@@ -102,8 +119,10 @@ def generate_rate(model, tokenizer, selector, root: Path, batch: int, tokens: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--batches", default="1,8,16")
+    parser.add_argument("--no-generate", action="store_true",
+                        help="skip the transformers generate() comparison")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", default="1,8,16,32")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -117,18 +136,17 @@ def main() -> None:
         root = Path(tmp)
         model, tokenizer, registry, selector = build_registry(root)
         model_dir = Path(ensure_default_model_cached())
-        stock = vllm_rates(None, model_dir, batches, args.tokens, args.repeats, ("plain",))
         rates = vllm_rates(registry, model_dir, batches, args.tokens, args.repeats)
         for batch in batches:
-            plain, steered = stock[batch]["plain"], rates[batch]["steered"]
+            plain, steered = rates[batch]["stock"], rates[batch]["steered"]
             print(f"vLLM  batch {batch:2d}: stock {plain:6.1f} tok/s; with the plugin: plain "
                   f"{rates[batch]['plain']:6.1f}, steered {steered:6.1f} tok/s; steered/stock "
                   f"{steered / plain:.2f}", flush=True)
-        for batch in batches:
-            rate = generate_rate(model, tokenizer, selector, root, batch, args.tokens)
+        for batch in [] if args.no_generate else batches:
+            generated = generate_rate(model, tokenizer, selector, root, batch, args.tokens)
             steered = rates[batch]["steered"]
             print(f"steered batch {batch:2d}: vLLM {steered:7.1f} tok/s, generate() "
-                  f"{rate:7.1f} tok/s, vLLM/generate() {steered / rate:.1f}x", flush=True)
+                  f"{generated:7.1f} tok/s, vLLM/generate() {steered / generated:.1f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BankStack", "PreparedBank", "bank_mixture", "toward", "visible_keys"]
+__all__ = ["BankStack", "PreparedBank", "bank_mixture", "bank_mixture_over", "toward",
+           "visible_keys"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,70 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.view(b, kv_heads, h // kv_heads, t, d)
 
 
+def _by_history(q: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """Grouped queries ``[B, KVH, G, T, D]`` times history ``[B, KVH, S, D]`` transposed:
+    ``[B, KVH, G, T, S]`` as one batched product over (B, KVH), the G·T queries of a KV head
+    stacked as rows (broadcasting over G would copy every key G times)."""
+    b, kv_heads, g, t, d = q.shape
+    scores = q.reshape(b, kv_heads, g * t, d) @ key.transpose(-1, -2)
+    return scores.view(b, kv_heads, g, t, -1)
+
+
+def _by_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``[B, KVH, G, T, N]`` times per-KV-head ``[KVH, N, E]`` → ``[B, KVH, G, T, E]``, one
+    batched product over KVH with the B·G·T rows stacked (bank slots are shared by every row)."""
+    b, kv_heads, g, t, n = x.shape
+    rows = x.transpose(0, 1).reshape(kv_heads, b * g * t, n)
+    return (rows @ slots).view(kv_heads, b, g, t, -1).transpose(0, 1)
+
+
+def _prompt_scores(qx, key, visible, size_normalize: bool, softcap: float | None):
+    """Scores of grouped, scaled queries ``[B, KVH, G, T, D]`` against the prompt/history keys
+    ``[B, KVH, S, D]``: capped, masked (−inf where not visible) and, when size-normalised, less
+    log T_t (the count of visible keys)."""
+    prompt = _capped(_by_history(qx, key), softcap)
+    if visible is None:
+        return prompt - math.log(key.shape[2]) if size_normalize else prompt
+    if visible.shape[1] == 1:
+        mask = visible[:, :, None]
+    else:
+        mask = visible.reshape(visible.shape[0], key.shape[1], -1, *visible.shape[-2:])
+    prompt = prompt.masked_fill(~mask, float("-inf"))
+    if size_normalize:
+        prompt = prompt - mask.sum(dim=-1, keepdim=True).clamp(min=1).to(prompt.dtype).log()
+    return prompt
+
+
+def _slot_scores(q_pre, qx, stack: BankStack, *, scaling: float, gamma: float,
+                 softcap: float | None):
+    """Bank-slot logits ``[B, KVH, G, T, M]``: each slot's capped score plus its static bias and,
+    for a target/reference pair, the query-dependent gate (eq. 8–9)."""
+    kv_heads = stack.keys.shape[0]
+    slot_keys = stack.keys.transpose(-1, -2)
+    if stack.post_columns is None or not bool(stack.post_columns.all()):
+        raw = _by_slots(_grouped(q_pre.to(stack.keys.dtype), kv_heads) * scaling, slot_keys)
+        if stack.post_columns is not None:
+            raw = torch.where(stack.post_columns, _by_slots(qx, slot_keys), raw)
+    else:
+        raw = _by_slots(qx, slot_keys)
+    return _gated(_capped(raw, softcap), stack, gamma)
+
+
+def _gated(raw: torch.Tensor, stack: BankStack, gamma: float) -> torch.Tensor:
+    """Slot logits from capped slot scores ``[..., M]``: the static biases and, for a
+    target/reference pair, the query-dependent gate (eq. 8–9)."""
+    slots = raw + stack.bias
+    if stack.gate is not None:
+        target, reference, target_gain, reference_gain, log_target, log_reference = stack.gate
+        gap = ((torch.logsumexp(raw[..., target], -1) - log_target)
+               - (torch.logsumexp(raw[..., reference], -1) - log_reference))
+        adjust = torch.zeros_like(slots)
+        adjust[..., target] = (target_gain * torch.sigmoid(gamma * gap))[..., None]
+        adjust[..., reference] = -(reference_gain * torch.sigmoid(-gamma * gap))[..., None]
+        slots = slots + adjust
+    return slots
+
+
 def bank_mixture(
     q_pre: torch.Tensor,
     q_post: torch.Tensor,
@@ -187,41 +252,13 @@ def bank_mixture(
     batch, heads, q_len, _ = q_post.shape
     dtype = stack.keys.dtype
     qx = _grouped(q_post.to(dtype), kv_heads) * scaling
-    prompt = _capped(qx @ key.to(dtype)[:, :, None].transpose(-1, -2), softcap)
-    if visible is None:
-        if size_normalize:
-            prompt = prompt - math.log(key.shape[2])
-    else:
-        if visible.shape[1] == 1:
-            mask = visible[:, :, None]
-        else:
-            mask = visible.reshape(visible.shape[0], kv_heads, -1, *visible.shape[-2:])
-        prompt = prompt.masked_fill(~mask, float("-inf"))
-        if size_normalize:
-            prompt = prompt - mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype).log()
-
-    slot_keys = stack.keys[None, :, None].transpose(-1, -2)
-    if stack.post_columns is None or not bool(stack.post_columns.all()):
-        raw = (_grouped(q_pre.to(dtype), kv_heads) * scaling) @ slot_keys
-        if stack.post_columns is not None:
-            raw = torch.where(stack.post_columns, qx @ slot_keys, raw)
-    else:
-        raw = qx @ slot_keys
-    raw = _capped(raw, softcap)
-    slots = raw + stack.bias
-    if stack.gate is not None:
-        target, reference, target_gain, reference_gain, log_target, log_reference = stack.gate
-        gap = ((torch.logsumexp(raw[..., target], -1) - log_target)
-               - (torch.logsumexp(raw[..., reference], -1) - log_reference))
-        adjust = torch.zeros_like(slots)
-        adjust[..., target] = (target_gain * torch.sigmoid(gamma * gap))[..., None]
-        adjust[..., reference] = -(reference_gain * torch.sigmoid(-gamma * gap))[..., None]
-        slots = slots + adjust
-
+    prompt = _prompt_scores(qx, key.to(dtype), visible, size_normalize, softcap)
+    slots = _slot_scores(q_pre, qx, stack, scaling=scaling, gamma=gamma, softcap=softcap)
     weights = torch.softmax(torch.cat([prompt, slots], dim=-1), dim=-1)
     span = key.shape[2]
-    mixed = (weights[..., :span] @ value.to(dtype)[:, :, None]
-             + weights[..., span:] @ stack.values[None, :, None])
+    b, kv_heads, g, t, _ = weights.shape
+    mixed = ((weights[..., :span].reshape(b, kv_heads, g * t, span) @ value.to(dtype))
+             .view(b, kv_heads, g, t, -1) + _by_slots(weights[..., span:], stack.values))
     routing = None
     if with_routing:
         per_bank = weights.new_zeros(*weights.shape[:-1], stack.num_banks)
@@ -229,3 +266,75 @@ def bank_mixture(
         routing = torch.cat([weights[..., :span].sum(-1, keepdim=True), per_bank], dim=-1)
         routing = routing.reshape(batch, heads, q_len, -1)
     return mixed.reshape(batch, heads, q_len, -1), routing
+
+
+def bank_mixture_over(
+    history: torch.Tensor,
+    q_pre: torch.Tensor,
+    q_post: torch.Tensor,
+    key: torch.Tensor,
+    visible: torch.Tensor | None,
+    stack: BankStack,
+    *,
+    scaling: float,
+    gamma: float = 1.0,
+    size_normalize: bool = True,
+    softcap: float | None = None,
+    strength: float = 1.0,
+) -> torch.Tensor:
+    """:func:`bank_mixture`'s output when the stock attention over the history is already known,
+    moved the fraction ``strength`` of the way from ``history`` (``toward(history, ·, strength)``,
+    folded into the mixture's last product).
+
+    ``history`` ``[B, H, T, D]`` is the stock attention's output (softmax over the visible,
+    capped history scores, times the history values). The history's evidence is its scores'
+    log-sum-exp (less log T_t when size-normalised), so the prompt bank enters the softmax over
+    banks as one column whose value is ``history``: the history's values are never read again.
+    Equal to :func:`bank_mixture` up to rounding (the tests compare them); the vLLM worker uses it
+    on vLLM's own attention output, once per steered layer and decoding step, so it is written
+    for few kernels: everything is computed KV-head major (``[KVH, B, G·T, ·]``), where keys
+    gathered KV-head major (``key`` a ``[B, KVH, S, D]`` view of a ``[KVH, B, S, D]`` tensor)
+    are multiplied without a copy.
+    """
+    b, heads, t, d = q_post.shape
+    kv_heads = key.shape[1]
+    g = heads // kv_heads
+    dtype = stack.keys.dtype
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] → [KVH, B, G·T, D]
+        return x.to(dtype).reshape(b, kv_heads, g * t, d).transpose(0, 1)
+
+    prompt = _capped(rows(q_post * scaling) @ key.to(dtype).transpose(0, 1).transpose(-1, -2),
+                     softcap).view(kv_heads, b, g, t, -1)
+    count = key.shape[2]
+    if visible is not None:
+        if visible.shape[1] == 1:
+            mask = visible[None, :, :1]  # [1, B|1, 1, T, S]
+        else:
+            mask = visible.reshape(visible.shape[0], kv_heads, g, t, -1).transpose(0, 1)
+        prompt = prompt.masked_fill(~mask, float("-inf"))
+        count = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype)
+    evidence = torch.logsumexp(prompt, -1, keepdim=True)
+    if size_normalize:
+        evidence = evidence - (math.log(count) if isinstance(count, int) else count.log())
+
+    queries = (rows(q_pre).reshape(kv_heads, b * g * t, d) if stack.post_columns is None
+               else None)
+    slot_keys = stack.keys.transpose(-1, -2)
+    if queries is not None and softcap is None and stack.gate is None:
+        slots = torch.baddbmm(stack.bias, queries, slot_keys, alpha=scaling)  # one kernel
+    else:
+        post = rows(q_post).reshape(kv_heads, b * g * t, d)
+        raw = torch.bmm(post if queries is None else queries, slot_keys) * scaling
+        if stack.post_columns is not None and not bool(stack.post_columns.all()):
+            pre = rows(q_pre).reshape(kv_heads, b * g * t, d)
+            raw = torch.where(stack.post_columns, raw, torch.bmm(pre, slot_keys) * scaling)
+        slots = _gated(_capped(raw, softcap), stack, gamma)
+    weights = torch.softmax(
+        torch.cat([evidence.view(kv_heads, b * g * t, 1), slots], dim=-1), dim=-1)
+    # toward(h, w0 h + Σ w_m v_m, s) = (1 − s + s w0) h + s Σ w_m v_m
+    keep = weights[..., :1] if strength == 1.0 else weights[..., :1] * strength + (1 - strength)
+    mixed = torch.baddbmm(keep * rows(history).reshape(kv_heads, b * g * t, d),
+                          weights[..., 1:], stack.values, alpha=strength)
+    return mixed.view(kv_heads, b, heads // kv_heads, t, d).transpose(0, 1).reshape(b, heads,
+                                                                                    t, d)

@@ -1,16 +1,24 @@
 """The steered attention inside a vLLM worker: memory banks added to stock attention layers.
 
 Each worker holds one :class:`WorkerSteering` for its model. At the attention layers some
-registered bank set covers it hooks three places of vLLM's own modules (their code unchanged):
+servable steering steers (a registered bank set with its own or a registered selector) it hooks
+two places of vLLM's own modules (their code unchanged):
 
 - the query projection (``qkv_proj`` for Llama/Qwen2, ``q_norm`` for Qwen3): a copy of the
   pre-RoPE query of the steered tokens (vLLM's rotary embedding rotates in place);
-- the attention layer's output: the steered requests' keys and values are also written to a
-  *shadow cache* indexed by vLLM's own slot mapping (so their history can be read back whatever
-  the attention backend's cache layout), and for every steered request the rows of its
-  tokens at its steered heads are replaced by :func:`hf_memory.mixture.bank_mixture` over the
-  request's full history and its banks: the same function, on the same bank tensors
-  (:func:`hf_memory.site_plan.plan_sites`), that ``steer()`` computes in transformers.
+- the attention layer's output: the steered requests' keys are also written to a *shadow
+  cache* indexed by vLLM's own slot mapping (so their history can be read back whatever the
+  attention backend's cache layout), and for every steered request the rows of its tokens at
+  its steered heads are replaced by :func:`hf_memory.mixture.bank_mixture_over`: vLLM's own
+  attention output over the request's history, merged with its banks by the history scores'
+  log-sum-exp — the mixture ``steer()`` computes in transformers with
+  :func:`hf_memory.mixture.bank_mixture`, on the same bank tensors
+  (:func:`hf_memory.site_plan.plan_sites`), without reading the history's values again.
+
+Bookkeeping is made once per forward pass (:class:`_Step`): decoding requests at the same sites
+are one group whose history is gathered as whole cache blocks, read off vLLM's block table, in
+one indexing op, so a steered layer costs a fixed handful of ops whatever the number of
+requests.
 
 Which request steers with what comes from :mod:`hf_memory_vllm.requests`, the logits processor
 that sees every request's ``extra_args`` as it joins the batch. Requests without steering, and
@@ -23,10 +31,8 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,7 +46,7 @@ from hf_memory.fingerprint import (
     fingerprint_of,
     weights_digest,
 )
-from hf_memory.mixture import BankStack, bank_mixture, toward, visible_keys
+from hf_memory.mixture import BankStack, bank_mixture_over
 from hf_memory.site_plan import SitePlan, plan_sites
 
 from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest, bank_set_size
@@ -63,22 +69,115 @@ BATCH: dict[int, SteeringRequest] = {}
 
 @dataclass
 class _Site:
-    """A plan at one layer, on this worker's shard of heads."""
+    """A plan at one layer, on this worker's shard of heads (``heads``: an index tensor, or
+    ``slice(None)`` when every head of the shard steers)."""
 
-    heads: torch.Tensor
+    heads: torch.Tensor | slice
     stack: BankStack
     gamma: float
     size_normalize: bool
     strength: float = 1.0
 
 
+def _index(rows: list[int]) -> slice | torch.Tensor:
+    """Token rows as an index: a slice (views, no copies) when they are consecutive."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return torch.tensor(rows)
+
+
+@dataclass
+class _Group:
+    """Steered requests of the forward pass in progress that share their sites: every decoding
+    request of one steering (one token each), or one request in prefill.
+
+    ``rows``: their token rows (decoding: one per request; prefill: the request's T);
+    ``lengths``: history lengths, the new tokens included; ``table``: their rows of vLLM's block
+    table ``[n, blocks]``."""
+
+    sites: dict[int, _Site]
+    rows: list[int]
+    lengths: list[int]
+    table: torch.Tensor
+    block_size: int
+    decoding: bool
+    _history: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.index = _index(self.rows)
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """Token rows ``[T, H, D]`` of the pass → this group's ``[n, H, 1, D]`` (decoding: each
+        request one query) or ``[1, H, T, D]`` (prefill)."""
+        if self.decoding:
+            return x[self.index][:, :, None]
+        return x[self.index].transpose(0, 1)[None]
+
+    def put(self, out: torch.Tensor, heads: slice | torch.Tensor, steered: torch.Tensor) -> None:
+        """Write ``steered`` ``[n | T, heads, D]`` into this group's rows of ``out``."""
+        if isinstance(heads, slice):
+            out[self.index] = steered
+        elif isinstance(self.index, slice):
+            out[self.index, heads] = steered
+        else:
+            out[self.index[:, None], heads] = steered
+
+    def history(self, window: int | None, device):
+        """``(blocks [n, B], keep, visible)``: the cache blocks holding every key some new token
+        sees (the last ``window`` positions with a sliding window, else all); which of their
+        ``B·block_size`` positions to keep (a slice); and which of those each query sees
+        (``[n, 1, T, S]``, or None when all: a single decoding request). Made once per pass and
+        window, for every steered layer."""
+        if window not in self._history:
+            self._history[window] = (self._single(window) if self.decoding and
+                                     len(self.rows) == 1 else self._masked(window, device))
+        return self._history[window]
+
+    def _single(self, window: int | None):
+        size, length = self.block_size, self.lengths[0]
+        first = 0 if window is None else max(0, length - window)
+        start = first // size
+        blocks = self.table[:, start:(length - 1) // size + 1]
+        return blocks, slice(first - start * size, length - start * size), None
+
+    def _masked(self, window: int | None, device):
+        size, queries = self.block_size, 1 if self.decoding else len(self.rows)
+        lengths = torch.tensor(self.lengths)
+        query = lengths[:, None] - queries + torch.arange(queries)  # [n, T] positions
+        first = torch.zeros_like(lengths)
+        if window is not None:  # the first key the first new token sees
+            first = (lengths - queries - window + 1).clamp(min=0)
+        start = first // size
+        count = int(((lengths - 1) // size - start).max()) + 1
+        columns = start[:, None] + torch.arange(count)  # past a row's end: never seen
+        positions = (columns[:, :, None] * size + torch.arange(size)).flatten(1)  # [n, S]
+        seen = positions[:, None, :] <= query[:, :, None]
+        if window is not None:
+            seen &= query[:, :, None] - positions[:, None, :] < window
+        blocks = self.table.gather(1, columns.clamp(max=self.table.shape[1] - 1))
+        return blocks, slice(None), seen[:, None].to(device)
+
+
 @dataclass
 class _Step:
-    """The forward pass in progress: per layer, its steered requests' (site, first row, end row,
-    cache slots of the whole history)."""
+    """The forward pass in progress: its steered groups, and per layer the groups steering there
+    and the rows/slots whose keys go to the shadow cache."""
 
     context: Any
-    work: dict[int, list[tuple[_Site, int, int, torch.Tensor]]]
+    groups: list[_Group]
+    slot_mapping: torch.Tensor | None = None
+    layers: dict[int, tuple | None] = dataclasses.field(default_factory=dict)
+
+    def at(self, layer: int):
+        """``(groups, rows, slots)`` at ``layer`` (None when no steered request uses it)."""
+        if layer not in self.layers:
+            groups = [group for group in self.groups if layer in group.sites]
+            if groups:
+                rows = _index([row for group in groups for row in group.rows])
+                self.layers[layer] = (groups, rows, self.slot_mapping[rows].long())
+            else:
+                self.layers[layer] = None
+        return self.layers[layer]
 
 
 ROTARY_CLASSES = {"llama": "llama.modeling_llama.LlamaRotaryEmbedding",
@@ -106,18 +205,6 @@ def _rotary(hf_config):
     return lambda _layer: rotary
 
 
-def _windowed(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor:
-    """Causal visibility ``[1, 1, T, S]`` of ``q_len`` new tokens over ``kv_len`` keys ending
-    with them; with a sliding ``window``, key j is seen from position p only if p − j < window
-    (transformers' and vLLM's sliding attention). Bank slots have no position: they stay
-    visible to every query (the mixture adds them)."""
-    visible = visible_keys(None, q_len, kv_len, device)
-    if window is None:
-        return visible
-    query = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
-    return visible & (query - torch.arange(kv_len, device=device)[None, :] < window)
-
-
 class WorkerSteering:
     """Memory-inception steering for one vLLM model instance (see the module docstring).
 
@@ -132,7 +219,8 @@ class WorkerSteering:
         self.bank_sets: dict[str, BankSet] = {}
         self.selectors: dict[str, Selector] = {}
         self._plans: dict[tuple, dict[int, _Site]] = {}
-        self._shadow: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layers: list[int] = []
+        self._shadow: dict[int, torch.Tensor] = {}
         self._queries: dict[int, torch.Tensor] = {}
         self._step: _Step | None = None
         if self.registry is None:
@@ -167,18 +255,9 @@ class WorkerSteering:
         self.heads = config.num_attention_heads // self.tp_size
         self.kv_heads = config.num_key_value_heads // self.tp_size
         self.block_size = vllm_config.cache_config.block_size
-        self.layers = self._covered_layers()
-        self._install(model_type)
+        self.model_type = model_type
 
     # -- loading -------------------------------------------------------------------------------
-
-    def _covered_layers(self) -> list[int]:
-        """Every layer some registered bank covers (read from the bank sets' configs)."""
-        covered: set[int] = set()
-        for entry in self.registry.bank_sets.values():
-            config = json.loads((Path(entry["banks"]) / "config.json").read_text())
-            covered.update(i for bank in config["banks"] for i in bank["layers"])
-        return sorted(covered)
 
     def served_fingerprint(self) -> dict[str, Any]:
         """The served model's fingerprint, from vLLM's fused weights (key rows of qkv_proj)."""
@@ -217,7 +296,18 @@ class WorkerSteering:
             logger.info("hf-memory: bank set %r: %d slot-layers, %.2f MiB", name, slot_layers,
                         nbytes / 2**20)
             self.bank_sets[name] = bank_set
-            self.plan(SteeringRequest(name))  # bank keys prepared at start, not at a request
+        # bank keys prepared at start, not at a request; only the layers some servable steering
+        # steers are hooked (a selector usually picks a few of the layers its banks cover)
+        steered: set[int] = set()
+        for name in self.bank_sets:
+            for selector in (None, *self.registry.selectors):
+                try:
+                    steered.update(self.plan(SteeringRequest(name, selector)))
+                except (KeyError, ValueError) as error:
+                    logger.warning("hf-memory: bank set %r with selector %r cannot be planned "
+                                   "and will fail: %s", name, selector, error)
+        self.layers = sorted(steered)
+        self._install(self.model_type)
         logger.info("hf-memory steering: %d bank sets at layers %s", len(self.bank_sets),
                     self.layers)
 
@@ -255,6 +345,8 @@ class WorkerSteering:
         strength = 1.0 if selector is None else selector.strength  # the selector's dial
         sites = {layer: self._shard(plan, strength) for layer, plan in plans.items()
                  if plan.stack is not None and strength > 0}
+        sites = {layer: site for layer, site in sites.items()  # no head of it on this rank
+                 if isinstance(site.heads, slice) or len(site.heads)}
         self._plans[request.key] = sites
         return sites
 
@@ -265,9 +357,10 @@ class WorkerSteering:
         kv = slice(self.tp_rank * self.kv_heads, (self.tp_rank + 1) * self.kv_heads)
         stack = dataclasses.replace(plan.stack, keys=plan.stack.keys[kv],
                                     values=plan.stack.values[kv])
-        return _Site(heads=torch.tensor(heads, dtype=torch.long, device=stack.keys.device),
-                     stack=stack, gamma=plan.gamma, size_normalize=plan.size_normalize,
-                     strength=strength)
+        index = (slice(None) if heads == list(range(self.heads)) else
+                 torch.tensor(heads, dtype=torch.long, device=stack.keys.device))
+        return _Site(heads=index, stack=stack, gamma=plan.gamma,
+                     size_normalize=plan.size_normalize, strength=strength)
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -277,7 +370,7 @@ class WorkerSteering:
         for index in self.layers:
             attention = layers[index].self_attn
             getattr(attention, source).register_forward_hook(
-                lambda _m, _a, out, i=index: self._capture_query(i, out))
+                lambda _m, _a, out, i=index, a=attention: self._capture_query(i, a, out))
             attention.attn.register_forward_hook(
                 lambda _m, args, out, i=index, a=attention: self._steer(i, a, args, out))
 
@@ -293,40 +386,63 @@ class WorkerSteering:
         if isinstance(metadata, list):
             metadata = metadata[0]
         metadata = metadata.get(layer_name) if metadata else None
-        rows = []
-        if metadata is not None and BATCH:
-            starts = metadata.query_start_loc.tolist()
-            lengths = metadata.seq_lens.tolist()
-            mapping = metadata.slot_mapping
-            for index, request in BATCH.items():
-                if index >= len(lengths):
-                    continue
-                if request.bank_set not in self.bank_sets:
-                    raise RuntimeError(f"hf-memory: bank set {request.bank_set!r} was refused "
-                                       "by this worker (see its log) but accepted by the API")
-                positions = torch.arange(lengths[index])
-                blocks = metadata.block_table[index][positions // self.block_size].cpu().long()
-                slots = blocks * self.block_size + positions % self.block_size
-                row0, row1 = starts[index], starts[index + 1]
-                if not torch.equal(slots[len(slots) - (row1 - row0):],
-                                   mapping[row0:row1].cpu().long()):
-                    raise RuntimeError("hf-memory: the block table and slot mapping disagree "
-                                       f"at block size {self.block_size}; this vLLM backend "
-                                       "lays out its cache in a way the plugin does not know")
-                rows.append((request, row0, row1, slots))
-        work: dict[int, list[tuple[_Site, int, int, torch.Tensor]]] = {}
-        for request, row0, row1, slots in rows:
-            for layer, site in self.plan(request).items():
-                if len(site.heads):
-                    work.setdefault(layer, []).append((site, row0, row1, slots))
-        self._step = _Step(context, work)
+        groups = self._groups(metadata) if metadata is not None and BATCH else []
+        self._step = _Step(context, groups, metadata.slot_mapping.cpu() if groups else None)
         self._queries.clear()
         return self._step
 
-    def _capture_query(self, layer: int, output) -> None:
-        attention = self.model.model.layers[layer].self_attn
+    def _groups(self, metadata) -> list[_Group]:
+        """The steered requests of this pass, grouped (decoding: by steering; prefill: alone),
+        with their rows of vLLM's block table."""
+        starts = metadata.query_start_loc.tolist()
+        lengths = metadata.seq_lens.tolist()
+        decoding: dict[tuple, list[int]] = {}
+        prefill: list[int] = []
+        requests: dict[tuple, SteeringRequest] = {}
+        for index, request in BATCH.items():
+            if index >= len(lengths):
+                continue
+            if request.bank_set not in self.bank_sets:
+                raise RuntimeError(f"hf-memory: bank set {request.bank_set!r} was refused by "
+                                   "this worker (see its log) but accepted by the API")
+            if starts[index + 1] - starts[index] == 1:
+                decoding.setdefault(request.key, []).append(index)
+                requests[request.key] = request
+            else:
+                prefill.append(index)
+        groups = []
+        for key, indices in decoding.items():
+            sites = self.plan(requests[key])
+            if sites:
+                groups.append(_Group(sites, [starts[i] for i in indices],
+                                     [lengths[i] for i in indices],
+                                     metadata.block_table[indices].cpu().long(),
+                                     self.block_size, decoding=True))
+        for index in prefill:
+            sites = self.plan(BATCH[index])
+            if sites:
+                group = _Group(sites, list(range(starts[index], starts[index + 1])),
+                               [lengths[index]],
+                               metadata.block_table[index:index + 1].cpu().long(),
+                               self.block_size, decoding=False)
+                self._check_layout(group, metadata.slot_mapping[group.index].cpu().long())
+                groups.append(group)
+        return groups
+
+    def _check_layout(self, group: _Group, mapping: torch.Tensor) -> None:
+        """The slots vLLM writes a prefill's tokens to must be where its block table says (the
+        history is read back by block)."""
+        positions = torch.arange(group.lengths[0] - len(group.rows), group.lengths[0])
+        slots = (group.table[0, positions // self.block_size] * self.block_size
+                 + positions % self.block_size)
+        if not torch.equal(slots, mapping):
+            raise RuntimeError("hf-memory: the block table and slot mapping disagree at block "
+                               f"size {self.block_size}; this vLLM backend lays out its cache "
+                               "in a way the plugin does not know")
+
+    def _capture_query(self, layer: int, attention: nn.Module, output) -> None:
         step = self._current_step(attention.attn.layer_name)
-        if step is None or not step.work.get(layer):
+        if step is None or step.at(layer) is None:
             return
         query = output[0] if isinstance(output, tuple) else output
         if query.dim() == 3:  # q_norm: [T, H, D]
@@ -335,82 +451,45 @@ class WorkerSteering:
 
     def _steer(self, layer: int, attention: nn.Module, args, output: torch.Tensor) -> None:
         step = self._current_step(attention.attn.layer_name)
-        if step is None:
+        if step is None or step.at(layer) is None:
             return
-        work = step.work.get(layer)
-        if not work:
-            return
-        query, key, value = args[:3]
+        groups, rows, slots = step.at(layer)
+        query, key = args[:2]
         head_dim = attention.head_dim
         # only steered requests read the shadow cache, and their prefix-cache blocks are salted
         # per steering, so only their tokens are written (plain batches pay nothing here)
-        rows = torch.cat([torch.arange(row0, row1) for _, row0, row1, _ in work])
-        slots = torch.cat([slots[len(slots) - (row1 - row0):] for _, row0, row1, slots in work])
-        shadow_k, shadow_v = self._shadow_cache(layer, attention)
-        shadow_k[slots] = key[rows].reshape(len(rows), self.kv_heads, head_dim)
-        shadow_v[slots] = value[rows].reshape(len(rows), self.kv_heads, head_dim)
+        shadow = self._shadow_cache(layer, attention)
+        shadow.index_copy_(1, slots, key[rows].view(-1, self.kv_heads, head_dim)
+                           .transpose(0, 1))
         q_pre = self._queries.pop(layer)
         out = output.view(output.shape[0], self.heads, head_dim)
         post = query.reshape(query.shape[0], self.heads, head_dim)
         pre = q_pre.view(q_pre.shape[0], self.heads, head_dim)
         # the scores as vLLM's own attention layer makes them: scale, soft-cap (0: none), window
-        score = (attention.scaling, attention.attn.impl.logits_soft_cap or None)
+        scaling, softcap = attention.scaling, attention.attn.impl.logits_soft_cap or None
         window = attention.attn.sliding_window
-        decoding: dict[int, list[tuple[_Site, int, int, torch.Tensor]]] = {}
-        for item in work:
-            site, row0, row1, slots = item
-            if window is not None:  # the keys some new token still sees
-                slots = slots[max(0, len(slots) - (row1 - row0) - window + 1):]
-            if row1 - row0 == 1:  # one new token: batched below with the same site's others
-                decoding.setdefault(id(site), []).append((site, row0, row1, slots))
-                continue
-            mixed = self._mixture(site, pre[row0:row1].transpose(0, 1)[None],
-                                  post[row0:row1].transpose(0, 1)[None], shadow_k[slots][None],
-                                  shadow_v[slots][None],
-                                  _windowed(row1 - row0, len(slots), window, out.device),
-                                  score)
-            steered = toward(out[row0:row1, site.heads],
-                             mixed[0, site.heads].transpose(0, 1), site.strength)
-            out[row0:row1, site.heads] = steered.to(out.dtype)
-        for items in decoding.values():
-            self._decode(items, pre, post, out, shadow_k, shadow_v, score)
+        for group in groups:
+            site = group.sites[layer]
+            blocks, keep, visible = group.history(window, out.device)
+            # [n, KVH, S, D] as a view of [KVH, n, S, D]: whole blocks gathered KV-head major
+            history = shadow.view(self.kv_heads, -1, self.block_size, head_dim).index_select(
+                1, blocks.flatten()).view(self.kv_heads, len(blocks), -1, head_dim)
+            plain = group.queries(out)
+            mixed = bank_mixture_over(plain, group.queries(pre), group.queries(post),
+                                      history[:, :, keep].transpose(0, 1), visible, site.stack,
+                                      scaling=scaling, gamma=site.gamma,
+                                      size_normalize=site.size_normalize, softcap=softcap,
+                                      strength=site.strength)[:, site.heads]
+            steered = mixed[:, :, 0] if group.decoding else mixed[0].transpose(0, 1)
+            group.put(out, site.heads, steered.to(out.dtype))
 
-    def _decode(self, items, pre, post, out, shadow_k, shadow_v, score: tuple) -> None:
-        """One mixture for the single-token rows of requests at the same site: histories are
-        padded to the longest and the padding masked (``visible``), which the mixture's
-        size normalisation counts out."""
-        site = items[0][0]
-        rows = torch.tensor([row0 for _, row0, _, _ in items], device=out.device)
-        lengths = torch.tensor([len(slots) for *_, slots in items])
-        padded = torch.zeros(len(items), int(lengths.max()), dtype=torch.long)
-        for i, (*_, slots) in enumerate(items):
-            padded[i, :len(slots)] = slots
-        visible = (torch.arange(padded.shape[1]) < lengths[:, None])[:, None, None]
-        mixed = self._mixture(site, pre[rows][:, :, None], post[rows][:, :, None],
-                              shadow_k[padded], shadow_v[padded], visible.to(out.device),
-                              score)
-        steered = toward(out[rows[:, None], site.heads], mixed[:, site.heads, 0],
-                         site.strength)
-        out[rows[:, None], site.heads] = steered.to(out.dtype)
-
-    @staticmethod
-    def _mixture(site: _Site, q_pre, q_post, keys, values, visible, score: tuple):
-        """:func:`bank_mixture` on queries ``[B, H, T, D]`` and cached ``[B, S, KVH, D]``;
-        ``score``: the layer's ``(scale, soft-cap or None)``."""
-        scaling, softcap = score
-        mixed, _ = bank_mixture(q_pre, q_post, keys.permute(0, 2, 1, 3),
-                                values.permute(0, 2, 1, 3), visible, site.stack,
-                                scaling=scaling, gamma=site.gamma,
-                                size_normalize=site.size_normalize, softcap=softcap)
-        return mixed
-
-    def _shadow_cache(self, layer: int, attention: nn.Module):
-        """Keys and values of every cache slot at ``layer`` in the standard layout."""
+    def _shadow_cache(self, layer: int, attention: nn.Module) -> torch.Tensor:
+        """Keys of every cache slot at ``layer``, KV-head major ``[KVH, slots, D]`` (values are
+        never read back: vLLM's own output stands for them)."""
         if layer not in self._shadow:
             cache = attention.attn.kv_cache
             if isinstance(cache, list | tuple):
                 cache = cache[0]
             slots = cache.numel() // (2 * self.kv_heads * attention.head_dim)
-            shape = (slots, self.kv_heads, attention.head_dim)
-            self._shadow[layer] = (cache.new_zeros(shape), cache.new_zeros(shape))
+            self._shadow[layer] = cache.new_zeros(self.kv_heads, slots, attention.head_dim)
         return self._shadow[layer]

@@ -32,7 +32,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hf_memory.analysis.streaming_topk import StreamingTopK, topk_reference
-from hf_memory.mixture import BankStack, PreparedBank, bank_mixture, visible_keys
+from hf_memory.mixture import (
+    BankStack,
+    PreparedBank,
+    bank_mixture,
+    bank_mixture_over,
+    toward,
+    visible_keys,
+)
 from modeling.air.modeling_air import _stablemax_s, log_stablemax, stablemax_cross_entropy
 
 PROPERTY = settings(max_examples=100, deadline=None, derandomize=False, print_blob=True)
@@ -287,6 +294,83 @@ def test_fully_masked_query_rows_read_the_banks_only(case, compute):
     grads = torch.autograd.grad((out * weight).sum(), list(leaves.values()), allow_unused=True)
     for g in grads:  # None: q_pre unused (every slot scored with the post-RoPE query)
         assert g is None or torch.isfinite(g).all()
+
+
+def history_attention(inputs: dict, softcap: float | None = None) -> torch.Tensor:
+    """Plain attention of the post-RoPE queries over the visible prompt keys, float64, per query
+    head with its KV head repeated (what the stock attention hands the vLLM worker); a row with no
+    visible key reads zeros."""
+    q, key, value = inputs["q_post"].double(), inputs["key"].double(), inputs["value"].double()
+    group = q.shape[1] // key.shape[1]
+    scores = q @ key.repeat_interleave(group, 1).transpose(-1, -2) * inputs["scaling"]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if inputs["visible"] is not None:
+        scores = scores.masked_fill(~inputs["visible"], float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)
+    return weights @ value.repeat_interleave(group, 1)
+
+
+def stack_of(inputs: dict, case: dict, compute: torch.dtype) -> BankStack:
+    banks = [PreparedBank(role, k.to(compute), v.to(compute), gain, post)
+             for role, k, v, gain, post in zip(case["roles"], inputs["bank_keys"],
+                                               inputs["bank_values"], case["gains"],
+                                               case["post"], strict=True)]
+    return BankStack.of(banks, rho=case["rho"], size_normalize=case["size_normalize"])
+
+
+@PROPERTY
+@given(case=mixture_cases(), compute=st.sampled_from([torch.float32, torch.float64]))
+@example(case=EXTREME, compute=torch.float64)
+@example(case=EXTREME, compute=torch.float32)
+def test_mixture_over_the_stock_history_output_equals_the_bank_level_mixture(case, compute):
+    """``bank_mixture_over`` — the prompt bank entered as one column whose value is the stock
+    attention's output over the history and whose evidence is the history scores' log-sum-exp —
+    equals the float64 bank-level mixture on every case of the test above (fully masked rows
+    included: they read the banks only)."""
+    inputs = build_mixture(case)
+    expected, _, peak = reference_mixture(rounded(inputs, compute), case)
+    history = history_attention(rounded(inputs, compute)).to(compute)
+    out = bank_mixture_over(history, inputs["q_pre"].to(compute), inputs["q_post"].to(compute),
+                            inputs["key"].to(compute), inputs["visible"],
+                            stack_of(inputs, case, compute), scaling=inputs["scaling"],
+                            gamma=case["gamma"], size_normalize=case["size_normalize"])
+    assert out.dtype == compute and out.shape == expected.shape
+    assert torch.isfinite(out).all()
+    tol = compute_tolerance(compute, peak)
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("softcap", [None, 0.5, 5.0])
+def test_mixture_over_the_history_equals_bank_mixture_with_a_soft_cap(softcap):
+    """With Gemma 2's logit soft-cap (binding at 0.5), ``bank_mixture_over`` on the capped
+    history's output equals ``bank_mixture`` in float64."""
+    case = dict(EXTREME, peak=3.0, masked_rows=False, mask="causal", q_len=3, span=5)
+    inputs = build_mixture(case)
+    stack = stack_of(inputs, case, torch.float64)
+    args = dict(scaling=inputs["scaling"], gamma=case["gamma"],
+                size_normalize=case["size_normalize"], softcap=softcap)
+    want, _ = bank_mixture(inputs["q_pre"], inputs["q_post"], inputs["key"], inputs["value"],
+                           inputs["visible"], stack, **args)
+    got = bank_mixture_over(history_attention(inputs, softcap), inputs["q_pre"],
+                            inputs["q_post"], inputs["key"], inputs["visible"], stack, **args)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("strength", [0.0, 0.3, 1.0, 1.7])
+def test_mixture_over_the_history_folds_the_strength_dial(strength):
+    """``bank_mixture_over(..., strength=s)`` = ``toward(history, mixture, s)``: the dial folded
+    into the mixture's last product (0: the history's output exactly)."""
+    case = dict(EXTREME, peak=3.0, masked_rows=False)
+    inputs = build_mixture(case)
+    stack = stack_of(inputs, case, torch.float64)
+    history = history_attention(inputs)
+    args = (inputs["q_pre"], inputs["q_post"], inputs["key"], inputs["visible"], stack)
+    kwargs = dict(scaling=inputs["scaling"], gamma=case["gamma"],
+                  size_normalize=case["size_normalize"])
+    want = toward(history, bank_mixture_over(history, *args, **kwargs), strength)
+    got = bank_mixture_over(history, *args, **kwargs, strength=strength)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def rounding_error(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
