@@ -287,9 +287,9 @@ def bank_mixture_over(
     folded into the mixture's last product).
 
     ``history`` ``[B, H, T, D]`` is the stock attention's output (softmax over the visible,
-    capped history scores, times the history values). The history's evidence is its scores'
-    log-sum-exp (less log T_t when size-normalised), so the prompt bank enters the softmax over
-    banks as one column whose value is ``history``: the history's values are never read again.
+    capped history scores, times the history values). The prompt bank's routing mass is the sum of
+    its columns' weights in the one softmax over [history scores − log T_t ; slot logits], and its
+    output is ``history`` itself: the history's values are never read again.
     Equal to :func:`bank_mixture` up to rounding (the tests compare them); the vLLM worker uses it
     on vLLM's own attention output, once per steered layer and decoding step, so it is written
     for few kernels: everything is computed KV-head major (``[KVH, B, G·T, ·]``), where keys
@@ -305,18 +305,15 @@ def bank_mixture_over(
         return x.to(dtype).reshape(b, kv_heads, g * t, d).transpose(0, 1)
 
     prompt = _capped(rows(q_post * scaling) @ key.to(dtype).transpose(0, 1).transpose(-1, -2),
-                     softcap).view(kv_heads, b, g, t, -1)
-    count = key.shape[2]
+                     softcap)  # [KVH, B, G·T, S]
+    count: int | torch.Tensor = key.shape[2]
     if visible is not None:
         if visible.shape[1] == 1:
             mask = visible[None, :, :1]  # [1, B|1, 1, T, S]
         else:
             mask = visible.reshape(visible.shape[0], kv_heads, g, t, -1).transpose(0, 1)
-        prompt = prompt.masked_fill(~mask, float("-inf"))
+        prompt = prompt.view(kv_heads, b, g, t, -1).masked_fill(~mask, float("-inf"))
         count = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype)
-    evidence = torch.logsumexp(prompt, -1, keepdim=True)
-    if size_normalize:
-        evidence = evidence - (math.log(count) if isinstance(count, int) else count.log())
 
     queries = (rows(q_pre).reshape(kv_heads, b * g * t, d) if stack.post_columns is None
                else None)
@@ -330,11 +327,19 @@ def bank_mixture_over(
             pre = rows(q_pre).reshape(kv_heads, b * g * t, d)
             raw = torch.where(stack.post_columns, raw, torch.bmm(pre, slot_keys) * scaling)
         slots = _gated(_capped(raw, softcap), stack, gamma)
-    weights = torch.softmax(
-        torch.cat([evidence.view(kv_heads, b * g * t, 1), slots], dim=-1), dim=-1)
+    if size_normalize:  # the prompt's −log T_t, as +log T_t on every slot column
+        if isinstance(count, int):
+            slots = slots + math.log(count)
+        else:
+            slots = (slots.view(kv_heads, b, g, t, -1) + count.log()).view(slots.shape)
+    # one softmax over [history ; slots]; the history's columns are summed to its mass and its
+    # output is vLLM's (the softmax is one fused kernel, cheaper than a separate log-sum-exp)
+    span = key.shape[2]
+    weights = torch.softmax(torch.cat([prompt.reshape(kv_heads, b * g * t, span), slots], -1), -1)
+    mass = weights[..., :span].sum(-1, keepdim=True)
     # toward(h, w0 h + Σ w_m v_m, s) = (1 − s + s w0) h + s Σ w_m v_m
-    keep = weights[..., :1] if strength == 1.0 else weights[..., :1] * strength + (1 - strength)
+    keep = mass if strength == 1.0 else mass * strength + (1 - strength)
     mixed = torch.baddbmm(keep * rows(history).reshape(kv_heads, b * g * t, d),
-                          weights[..., 1:], stack.values, alpha=strength)
+                          weights[..., span:], stack.values, alpha=strength)
     return mixed.view(kv_heads, b, heads // kv_heads, t, d).transpose(0, 1).reshape(b, heads,
                                                                                     t, d)

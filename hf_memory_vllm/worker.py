@@ -365,6 +365,9 @@ class WorkerSteering:
     # -- hooks ---------------------------------------------------------------------------------
 
     def _install(self, model_type: str) -> None:
+        from vllm import forward_context
+
+        self._forward_context = forward_context  # read at every hooked layer: imported once
         layers = self.model.model.layers
         source = QUERY_SOURCES[model_type]
         for index in self.layers:
@@ -375,11 +378,9 @@ class WorkerSteering:
                 lambda _m, args, out, i=index, a=attention: self._steer(i, a, args, out))
 
     def _current_step(self, layer_name: str) -> _Step | None:
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
-        if not is_forward_context_available():
+        if not self._forward_context.is_forward_context_available():
             return None
-        context = get_forward_context()
+        context = self._forward_context.get_forward_context()
         if self._step is not None and self._step.context is context:
             return self._step
         metadata = context.attn_metadata
