@@ -79,11 +79,11 @@ class _Site:
     strength: float = 1.0
 
 
-def _index(rows: list[int]) -> slice | torch.Tensor:
+def _index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
     """Token rows as an index: a slice (views, no copies) when they are consecutive."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return slice(rows[0], rows[0] + len(rows))
-    return torch.tensor(rows)
+    return torch.tensor(rows, device=device)
 
 
 @dataclass
@@ -101,10 +101,11 @@ class _Group:
     table: torch.Tensor
     block_size: int
     decoding: bool
+    device: torch.device
     _history: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.index = _index(self.rows)
+        self.index = _index(self.rows, self.device)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """Token rows ``[T, H, D]`` of the pass → this group's ``[n, H, 1, D]`` (decoding: each
@@ -122,15 +123,17 @@ class _Group:
         else:
             out[self.index[:, None], heads] = steered
 
-    def history(self, window: int | None, device):
-        """``(blocks [n, B], keep, visible)``: the cache blocks holding every key some new token
-        sees (the last ``window`` positions with a sliding window, else all); which of their
-        ``B·block_size`` positions to keep (a slice); and which of those each query sees
-        (``[n, 1, T, S]``, or None when all: a single decoding request). Made once per pass and
-        window, for every steered layer."""
+    def history(self, window: int | None):
+        """``(blocks [n, B], keep, visible)``, on the group's device: the cache blocks holding
+        every key some new token sees (the last ``window`` positions with a sliding window, else
+        all); which of their ``B·block_size`` positions to keep (a slice); and which of those each
+        query sees (``[n, 1, T, S]``, or None when all: a single decoding request). Made once per
+        pass and window, for every steered layer."""
         if window not in self._history:
-            self._history[window] = (self._single(window) if self.decoding and
-                                     len(self.rows) == 1 else self._masked(window, device))
+            blocks, keep, visible = (self._single(window) if self.decoding and
+                                     len(self.rows) == 1 else self._masked(window))
+            self._history[window] = (blocks.to(self.device), keep,
+                                     None if visible is None else visible.to(self.device))
         return self._history[window]
 
     def _single(self, window: int | None):
@@ -140,7 +143,7 @@ class _Group:
         blocks = self.table[:, start:(length - 1) // size + 1]
         return blocks, slice(first - start * size, length - start * size), None
 
-    def _masked(self, window: int | None, device):
+    def _masked(self, window: int | None):
         size, queries = self.block_size, 1 if self.decoding else len(self.rows)
         lengths = torch.tensor(self.lengths)
         query = lengths[:, None] - queries + torch.arange(queries)  # [n, T] positions
@@ -155,7 +158,7 @@ class _Group:
         if window is not None:
             seen &= query[:, :, None] - positions[:, None, :] < window
         blocks = self.table.gather(1, columns.clamp(max=self.table.shape[1] - 1))
-        return blocks, slice(None), seen[:, None].to(device)
+        return blocks, slice(None), seen[:, None]
 
 
 @dataclass
@@ -165,7 +168,7 @@ class _Step:
 
     context: Any
     groups: list[_Group]
-    slot_mapping: torch.Tensor | None = None
+    slot_mapping: torch.Tensor | None = None  # on the model's device
     layers: dict[int, tuple | None] = dataclasses.field(default_factory=dict)
 
     def at(self, layer: int):
@@ -173,7 +176,8 @@ class _Step:
         if layer not in self.layers:
             groups = [group for group in self.groups if layer in group.sites]
             if groups:
-                rows = _index([row for group in groups for row in group.rows])
+                rows = _index([row for group in groups for row in group.rows],
+                              self.slot_mapping.device)
                 self.layers[layer] = (groups, rows, self.slot_mapping[rows].long())
             else:
                 self.layers[layer] = None
@@ -388,7 +392,7 @@ class WorkerSteering:
             metadata = metadata[0]
         metadata = metadata.get(layer_name) if metadata else None
         groups = self._groups(metadata) if metadata is not None and BATCH else []
-        self._step = _Step(context, groups, metadata.slot_mapping.cpu() if groups else None)
+        self._step = _Step(context, groups, metadata.slot_mapping if groups else None)
         self._queries.clear()
         return self._step
 
@@ -411,21 +415,21 @@ class WorkerSteering:
                 requests[request.key] = request
             else:
                 prefill.append(index)
-        groups = []
+        groups, device = [], metadata.slot_mapping.device
         for key, indices in decoding.items():
             sites = self.plan(requests[key])
             if sites:
                 groups.append(_Group(sites, [starts[i] for i in indices],
                                      [lengths[i] for i in indices],
                                      metadata.block_table[indices].cpu().long(),
-                                     self.block_size, decoding=True))
+                                     self.block_size, decoding=True, device=device))
         for index in prefill:
             sites = self.plan(BATCH[index])
             if sites:
                 group = _Group(sites, list(range(starts[index], starts[index + 1])),
                                [lengths[index]],
                                metadata.block_table[index:index + 1].cpu().long(),
-                               self.block_size, decoding=False)
+                               self.block_size, decoding=False, device=device)
                 self._check_layout(group, metadata.slot_mapping[group.index].cpu().long())
                 groups.append(group)
         return groups
@@ -471,7 +475,7 @@ class WorkerSteering:
         window = attention.attn.sliding_window
         for group in groups:
             site = group.sites[layer]
-            blocks, keep, visible = group.history(window, out.device)
+            blocks, keep, visible = group.history(window)
             # [n, KVH, S, D] as a view of [KVH, n, S, D]: whole blocks gathered KV-head major
             history = shadow.view(self.kv_heads, -1, self.block_size, head_dim).index_select(
                 1, blocks.flatten()).view(self.kv_heads, len(blocks), -1, head_dim)
