@@ -30,7 +30,14 @@ from __future__ import annotations
 
 import torch
 
-from .asm_kernels import Refine, ScanState, _band_width, _safe_reciprocal, asa_attend_chunked
+from .asm_kernels import (
+    Refine,
+    ScanState,
+    _band_width,
+    _safe_reciprocal,
+    asa_attend_chunked,
+    read_refined,
+)
 
 __all__ = ["asa_attend_fused", "causal_linear_attention_fused"]
 
@@ -308,14 +315,8 @@ def asa_attend_fused(
     gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
     content = _Scores.apply(q, logits, v, cache)
     r = torch.softmax((key_logits + gamma * content) / read_temperature, dim=-1)
-    w = refine(r).to(dt) if refine is not None else None
-
-    def contract(a: torch.Tensor) -> torch.Tensor:
-        return _Read.apply(a, logits, v, cache)
-
-    if w is not None and gate is not None:
-        return contract(r + torch.as_tensor(gate, dtype=dt, device=v.device) * w), r, None, final
-    return contract(r), r, contract(w) if w is not None else None, final
+    out, delta = read_refined(r, refine, gate, lambda a: _Read.apply(a, logits, v, cache))
+    return out, r, delta, final
 
 
 class _LinearAttention(torch.autograd.Function):

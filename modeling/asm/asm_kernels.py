@@ -295,7 +295,6 @@ def asa_attend_chunked(
         den = den * carry[:, :, 0] + e0.sum(dim=2)
         num = num0 + e0.transpose(-1, -2) @ vc
     r = torch.cat(reads, dim=2)
-    w = refine(r).to(dt) if refine is not None else None
 
     def contract(a: torch.Tensor) -> torch.Tensor:
         outs = []
@@ -307,10 +306,22 @@ def asa_attend_chunked(
             outs.append(ac @ num_prev + intra @ vc)
         return torch.cat(outs, dim=2)
 
-    final = ScanState(m=m, den=den, num=num)
+    out, delta = read_refined(r, refine, gate, contract)
+    return out, r, delta, ScanState(m=m, den=den, num=num)
+
+
+def read_refined(
+    r: torch.Tensor,
+    refine: Refine | None,
+    gate: torch.Tensor | float | None,
+    contract: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The read of the chunked scans from their read weights ``r``: ``(contract(r + gate ·
+    refine(r)), None)`` with a gate, else ``(contract(r), contract(refine(r)) or None)``."""
+    w = refine(r).to(r.dtype) if refine is not None else None
     if w is not None and gate is not None:
-        return contract(r + torch.as_tensor(gate, dtype=dt, device=v.device) * w), r, None, final
-    return contract(r), r, contract(w) if w is not None else None, final
+        return contract(r + torch.as_tensor(gate, dtype=r.dtype, device=r.device) * w), None
+    return contract(r), contract(w) if w is not None else None
 
 
 def asa_attend_step(
