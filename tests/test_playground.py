@@ -154,6 +154,23 @@ def served_page(default_model, tmp_path):
             server.wait()
 
 
+def _type_until_kept(field, text: str, tries: int = 5) -> None:
+    """Fill a Gradio field and leave it, again while the page puts its old value back."""
+    from playwright.sync_api import expect
+
+    for _ in range(tries - 1):
+        field.fill(text)
+        field.press("Tab")
+        try:
+            expect(field).to_have_value(text, timeout=5_000)
+            return
+        except AssertionError:
+            continue
+    field.fill(text)
+    field.press("Tab")
+    expect(field).to_have_value(text, timeout=5_000)
+
+
 def test_the_page_in_chromium(served_page, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -167,6 +184,11 @@ def test_the_page_in_chromium(served_page, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(url)
             page.wait_for_selector("#persona textarea", timeout=180_000)
+            # Gradio mounts a closed accordion's fields when it opens, and a field mounting
+            # can overwrite what was typed a moment before: open it now, use it at the end
+            page.click("text=Bank sets and selectors (folders)")
+            folder = page.locator("#bank-folder textarea")
+            expect(folder).to_be_visible(timeout=60_000)
             page.fill("#persona textarea", "You talk like a pirate.")
             page.fill("#question textarea", "What do you do on a rainy day?")
             page.fill("#layers textarea", "1")
@@ -195,11 +217,7 @@ def test_the_page_in_chromium(served_page, tmp_path):
             assert page.input_value("#question textarea") == "What do you do on a rainy day?"
 
             # a bank set made for another model: refused with the reason
-            page.click("text=Bank sets and selectors (folders)")
-            folder = page.locator("#bank-folder textarea")
-            folder.fill(str(tmp_path / "foreign"))
-            folder.press("Tab")
-            expect(folder).to_have_value(str(tmp_path / "foreign"))
+            _type_until_kept(folder, str(tmp_path / "foreign"))
             page.click("#load-banks")
             expect(page.locator("#status")).to_contain_text("made for a different model",
                                                             timeout=180_000)
