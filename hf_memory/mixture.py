@@ -184,13 +184,20 @@ def _slot_scores(q_pre, qx, stack: BankStack, *, scaling: float, gamma: float,
     for a target/reference pair, the query-dependent gate (eq. 8–9)."""
     kv_heads = stack.keys.shape[0]
     slot_keys = stack.keys.transpose(-1, -2)
-    if stack.post_columns is None or not bool(stack.post_columns.all()):
-        raw = _by_slots(_grouped(q_pre.to(stack.keys.dtype), kv_heads) * scaling, slot_keys)
-        if stack.post_columns is not None:
-            raw = torch.where(stack.post_columns, _by_slots(qx, slot_keys), raw)
-    else:
-        raw = _by_slots(qx, slot_keys)
+    raw = _by_rotation(
+        lambda: _by_slots(_grouped(q_pre.to(stack.keys.dtype), kv_heads) * scaling, slot_keys),
+        lambda: _by_slots(qx, slot_keys), stack.post_columns)
     return _gated(_capped(raw, softcap), stack, gamma)
+
+
+def _by_rotation(pre, post, post_columns: torch.Tensor | None) -> torch.Tensor:
+    """Raw slot scores ``[..., M]`` from the products with the pre-RoPE queries (``pre()``) and
+    the post-RoPE ones (``post()``): each slot column takes the one its keys were stored for
+    (``post_columns``; None: every column pre-RoPE). Only the products needed are made."""
+    if post_columns is None:
+        return pre()
+    raw = post()
+    return raw if bool(post_columns.all()) else torch.where(post_columns, raw, pre())
 
 
 def _gated(raw: torch.Tensor, stack: BankStack, gamma: float) -> torch.Tensor:
@@ -315,17 +322,16 @@ def bank_mixture_over(
         prompt = prompt.view(kv_heads, b, g, t, -1).masked_fill(~mask, float("-inf"))
         count = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype)
 
-    queries = (rows(q_pre).reshape(kv_heads, b * g * t, d) if stack.post_columns is None
-               else None)
     slot_keys = stack.keys.transpose(-1, -2)
-    if queries is not None and softcap is None and stack.gate is None:
-        slots = torch.baddbmm(stack.bias, queries, slot_keys, alpha=scaling)  # one kernel
+
+    def scores(x: torch.Tensor) -> torch.Tensor:  # [KVH, B·G·T, M]
+        return torch.bmm(rows(x).reshape(kv_heads, b * g * t, d), slot_keys) * scaling
+
+    if stack.post_columns is None and softcap is None and stack.gate is None:
+        slots = torch.baddbmm(stack.bias, rows(q_pre).reshape(kv_heads, b * g * t, d),
+                              slot_keys, alpha=scaling)  # one kernel
     else:
-        post = rows(q_post).reshape(kv_heads, b * g * t, d)
-        raw = torch.bmm(post if queries is None else queries, slot_keys) * scaling
-        if stack.post_columns is not None and not bool(stack.post_columns.all()):
-            pre = rows(q_pre).reshape(kv_heads, b * g * t, d)
-            raw = torch.where(stack.post_columns, raw, torch.bmm(pre, slot_keys) * scaling)
+        raw = _by_rotation(lambda: scores(q_pre), lambda: scores(q_post), stack.post_columns)
         slots = _gated(_capped(raw, softcap), stack, gamma)
     if size_normalize:  # the prompt's −log T_t, as +log T_t on every slot column
         if isinstance(count, int):

@@ -10,8 +10,8 @@ two places of vLLM's own modules (their code unchanged):
   cache* indexed by vLLM's own slot mapping (so their history can be read back whatever the
   attention backend's cache layout), and for every steered request the rows of its tokens at
   its steered heads are replaced by :func:`hf_memory.mixture.bank_mixture_over`: vLLM's own
-  attention output over the request's history, merged with its banks by the history scores'
-  log-sum-exp — the mixture ``steer()`` computes in transformers with
+  attention output over the request's history, merged with its banks by one softmax over the
+  history's scores and the slot logits — the mixture ``steer()`` computes in transformers with
   :func:`hf_memory.mixture.bank_mixture`, on the same bank tensors
   (:func:`hf_memory.site_plan.plan_sites`), without reading the history's values again.
 

@@ -416,29 +416,26 @@ class ASAAttention(nn.Module):
                   and not (self.training and self.slot_space_dropout.p > 0)
                   and not _use_triton(c.scan_backend, positions))
 
+        def features(q_s: torch.Tensor, k_s: torch.Tensor):
+            """The linear attention's feature maps ``elu + 1`` (after the slot-space rotary
+            map), padding's keys zeroed."""
+            if rope:
+                q_s = _rotate(q_s, positions, c.slot_space_rope_theta)
+                k_s = _rotate(k_s, positions, c.slot_space_rope_theta)
+            return F.elu(q_s) + 1.0, (F.elu(k_s) + 1.0) * valid[:, None, :, None]
+
         def refine_folded(r: torch.Tensor) -> torch.Tensor:
             w_in = self.slot_in.weight
             r = r.to(w_in.dtype)
             qk = torch.cat((self.slot_q.weight, self.slot_k.weight)) @ w_in
-            q_s, k_s = F.linear(r, qk).chunk(2, dim=-1)  # [B, H, T, M]
-            if rope:
-                q_s = _rotate(q_s, positions, c.slot_space_rope_theta)
-                k_s = _rotate(k_s, positions, c.slot_space_rope_theta)
-            phi_q = F.elu(q_s) + 1.0
-            phi_k = (F.elu(k_s) + 1.0) * valid[:, None, :, None]
+            phi_q, phi_k = features(*F.linear(r, qk).chunk(2, dim=-1))  # [B, H, T, M]
             u, _ = causal_linear_attention(phi_q, phi_k, r, c.chunk_size, None, c.scan_backend)
             out = self.slot_out.weight @ self.slot_v.weight @ w_in  # [K, K]
             return torch.tanh(F.linear(u.to(w_in.dtype), out))
 
         def refine(r: torch.Tensor) -> torch.Tensor:
-            if folded:
-                return refine_folded(r)
             q_s, k_s, v_s = self._slot_qkv(r)  # [B, H, T, M]
-            if rope:
-                q_s = _rotate(q_s, positions, c.slot_space_rope_theta)
-                k_s = _rotate(k_s, positions, c.slot_space_rope_theta)
-            phi_q = F.elu(q_s) + 1.0
-            phi_k = (F.elu(k_s) + 1.0) * valid[:, None, :, None]
+            phi_q, phi_k = features(q_s, k_s)
             state = layer_cache.slot_space if layer_cache is not None else None
             u2, new_state = causal_linear_attention(
                 phi_q, phi_k, v_s, c.chunk_size, state, c.scan_backend)
@@ -447,7 +444,7 @@ class ASAAttention(nn.Module):
             u2 = self.slot_space_dropout(u2.to(v_s.dtype))
             return torch.tanh(self.slot_out(u2))
 
-        return refine
+        return refine_folded if folded else refine
 
     def _slot_qkv(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Slot-space ``q, k, v = W_{q,k,v} W_in r`` ``[B, H, T, M]`` each from ``r [B, H, T, K]``:
