@@ -72,7 +72,7 @@ def main() -> None:
                                                         for f in CAA_FRAMES], layers=[10])
         objective = ShiftObjective(model, tokenizer, pairs, drift)
         scale, _ = best_strength(objective, lambda s, v=vectors: CAAMethod(v, scale=s),
-                                 (1.0, 2.0, 4.0, 8.0, 16.0))
+                                 (1.0, 2.0, 4.0, 8.0, 16.0), cost_budget=None)
         contrastive = BankSet([persona_bank(model, tokenizer, target),
                                persona_bank(model, tokenizer, reference, role="reference",
                                             name="reference")], model=model)

@@ -25,13 +25,16 @@ from .adapters import get_adapter
 from .capture import capture_kv
 from .chat import chat_messages
 
-__all__ = ["CONTEXTS", "DEFAULT_TEMPLATES", "FUNCTION_WORDS", "KEEP", "ROLES", "MemoryBank",
-           "render_in_context"]
+__all__ = ["CONTEXTS", "DEFAULT_TEMPLATES", "FUNCTION_WORDS", "KEEP", "PLACEMENTS", "ROLES",
+           "MemoryBank", "render_in_context"]
 
 ROLES = ("target", "reference", "auxiliary")
 TEXT_FIELD = "{text}"
 CONTEXTS = ("system", "user", "bos", "none")
 KEEP = ("descriptor", "content", "all")  # which tokens of a text become bank slots
+# where a text bank's slots sit: "free" (no position: the paper's canonical score, δ = 0) or
+# "before" (at the positions the rendered text would hold just before the conversation)
+PLACEMENTS = ("free", "before")
 # English function words: keep="content" drops them (and punctuation) from a descriptor's slots
 FUNCTION_WORDS = frozenset("""
 a an the and or but nor so yet if then than that this these those of to in on at by for with
@@ -203,6 +206,7 @@ class MemoryBank:
         keep: str = "descriptor",
         context: str = "system",
         gain: float = 1.0,
+        placement: str = "free",
     ) -> MemoryBank:
         """Build a bank by running wrapped ``text`` through the frozen model (eq. 6).
 
@@ -220,6 +224,13 @@ class MemoryBank:
         default system prompt; ``"bos"`` after the tokenizer's BOS token; ``"none"`` bare text.
         Position 0 is never kept: whatever sits there is the model's attention sink, and a
         sink-like slot draws attention whatever the bank says.
+
+        ``placement="free"`` (default) gives the slots no position: they are scored against the
+        pre-RoPE query (eq. 7, δ = 0). ``placement="before"`` places each slot at the position
+        it would hold if its rendered text came just before the conversation (its offset minus
+        the rendered length: negative positions; rotary scores depend on differences only), so
+        the slots meet the query as a visible prompt's keys would, without taking any of the
+        conversation's positions.
         """
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"a bank needs a non-empty text, got {text!r}")
@@ -227,6 +238,8 @@ class MemoryBank:
             raise ValueError(f"keep must be one of {KEEP}, got {keep!r}")
         if context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         if template is not None and templates is not None:
             raise ValueError("give template or templates, not both")
         variants = [template] if template is not None else list(templates or DEFAULT_TEMPLATES)
@@ -242,7 +255,7 @@ class MemoryBank:
             raise ValueError(f"layers must be indices in [0, {num_layers}), got {list(layers)}")
         device = next(model.parameters()).device
 
-        keys, values, records = [], [], []
+        keys, values, records, positions = [], [], [], []
         for variant in variants:
             wrapped = variant.replace(TEXT_FIELD, text)
             rendered, offset = render_in_context(tokenizer, wrapped, context)
@@ -261,6 +274,7 @@ class MemoryBank:
             k, v = capture_kv(model, torch.tensor([ids], device=device), layers)
             keys.append(k[:, 0, :, kept])
             values.append(v[:, 0, :, kept])
+            positions.append(torch.tensor(kept) - len(ids))
             records.append({"template": variant, "context": context, "rendered": rendered,
                             "token_ids": ids, "kept_positions": kept})
         provenance = {
@@ -269,10 +283,12 @@ class MemoryBank:
             "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
             "keep": keep,
             "context": context,
+            "placement": placement,
             "variants": records,
         }
         return cls(name=name or role, role=role, keys=torch.cat(keys, dim=2),
                    values=torch.cat(values, dim=2), layers=layers, gain=gain,
+                   positions=torch.cat(positions) if placement == "before" else None,
                    provenance=provenance)
 
 

@@ -6,12 +6,16 @@ breaks the model (a broken model is also less cheerful). This search scores ever
 (layers, then units inside them) *at the strongest dial setting its cost allows*:
 
     cost(S, s)  = ΔNLL per token of neutral text with the banks at sites S, strength s
-    s*(S)       = the largest strength of the grid with cost(S, s) <= budget (0: none fits)
+    s*(S)       = the largest setting of the dial with cost(S, s) <= budget (0: none fits)
     target(S)   = mean over target pairs of [shift(banks at S, s*) − shift(neutral bank at S, s*)]
     score(S)    = target − uncertainty_weight·se − drift_weight·drift − cost_weight·cost
 
-s* is found by bisection on the grid, which assumes the cost grows with the strength (it does
-on every curve measured; see BENCHMARKS.md); every chosen strength is measured within budget.
+The dial is an ordered grid of settings (strength, layer gain ρ): the strengths at the base
+gain ρ₀ (1 by default), then, where ``gains`` are given, full strength at each larger ρ (ρ
+multiplies every bank gain: a bias ρλ on the bank's slot logits, eq. 9), so a bank that costs
+little at full strength can be pushed past it. s* is found by bisection on the grid, which
+assumes the cost grows along it (it does on every curve measured; see BENCHMARKS.md); every
+chosen setting is measured within budget.
 Subtracting the neutral bank's movement at the same sites and strength scores content, not
 presence. Taking the strongest setting within budget is the budget rule: the most target
 movement the budget buys (movement grows with the strength on every measured curve; a user who
@@ -32,12 +36,15 @@ from tqdm.auto import tqdm
 
 from .bank_set import BankSet
 from .methods import MemoryMethod
-from .site_search import ShiftObjective, SiteScore, check_weight
+from .site_search import DEFAULT_COST_BUDGET, ShiftObjective, SiteScore, check_weight
 
-__all__ = ["DEFAULT_COST_BUDGET", "DEFAULT_STRENGTHS", "BudgetSearch"]
+__all__ = ["DEFAULT_COST_BUDGET", "DEFAULT_STRENGTHS", "PROMPT_LIKE_GAINS", "BudgetSearch"]
 
 DEFAULT_STRENGTHS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
-DEFAULT_COST_BUDGET = 0.1  # nats per token of neutral text
+# ρ above full strength for banks in concatenated attention (no size normalisation): measured on
+# the embedded model, positioned descriptor banks at every third layer from 12 move held-out
+# pairs +2.0 nats at ρ 0 (cost 0.03), +3.8 at ρ 1 (0.08), +5.7 at ρ 2 (0.18)
+PROMPT_LIKE_GAINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 Units = dict[int, tuple[int, ...]]
 
@@ -55,6 +62,8 @@ class BudgetSearch:
     num_units: int
     control: BankSet | None = None
     strengths: Sequence[float] = DEFAULT_STRENGTHS
+    base_gain: float = 1.0
+    gains: Sequence[float] = ()
     history: list[SiteScore] = field(default_factory=list)
     cost_probes: int = 0
 
@@ -66,24 +75,31 @@ class BudgetSearch:
         if not grid or grid[0] <= 0 or grid[-1] > 1:
             raise ValueError(f"strengths must be in (0, 1], got {list(self.strengths)}")
         self.strengths = grid
+        check_weight("base_gain", self.base_gain)
+        for gain in self.gains:
+            check_weight("gains", gain)
+        self.settings = ([(s, float(self.base_gain)) for s in grid]
+                         + [(1.0, float(g)) for g in sorted(set(self.gains))
+                            if g > self.base_gain])
         self._costs: dict[tuple, float] = {}
 
-    def _method(self, banks: BankSet, units: Units, strength: float) -> MemoryMethod:
+    def _method(self, banks: BankSet, units: Units, index: int) -> MemoryMethod:
+        strength, gain = self.settings[index]
         return MemoryMethod(banks, layers=sorted(units), strength=strength,
                             units={layer: list(u) for layer, u in units.items()},
-                            unit_type=self.unit_type)
+                            unit_type=self.unit_type, layer_gains=dict.fromkeys(units, gain))
 
     def _cost(self, units: Units, index: int) -> float:
         key = (tuple(sorted(units.items())), index)
         if key not in self._costs:
             self.cost_probes += 1
             self._costs[key] = self.objective.cost.measure(
-                self._method(self.banks, units, self.strengths[index]))
+                self._method(self.banks, units, index))
         return self._costs[key]
 
     def strongest(self, units: Units) -> int:
-        """Index of the largest grid strength within budget at ``units`` (-1: none)."""
-        low, high = -1, len(self.strengths) - 1
+        """Index of the strongest dial setting within budget at ``units`` (-1: none)."""
+        low, high = -1, len(self.settings) - 1
         while low < high:
             middle = (low + high + 1) // 2
             if self._cost(units, middle) <= self.cost_budget:
@@ -102,12 +118,12 @@ class BudgetSearch:
             result = SiteScore(layers, 1.0, 0.0, 0.0, 0.0, strength=0.0, cost=0.0,
                                presence=0.0 if self.control is not None else None, units=frozen)
         else:
-            strength = self.strengths[index]
-            control = (self._method(self.control, units, strength)
+            strength, gain = self.settings[index]
+            control = (self._method(self.control, units, index)
                        if self.control is not None else None)
-            measured = self.objective.measure(self._method(self.banks, units, strength),
+            measured = self.objective.measure(self._method(self.banks, units, index),
                                               control=control, cost=self._cost(units, index))
-            result = SiteScore(layers, 1.0, strength=strength, units=frozen, **measured)
+            result = SiteScore(layers, gain, strength=strength, units=frozen, **measured)
         self.history.append(result)
         return result
 

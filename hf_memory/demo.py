@@ -1,13 +1,16 @@
-"""The main job (``hf-memory demo``): plain vs visible prompt vs memory-steered answers.
+"""The main job (``hf-memory demo``): plain vs visible prompt vs CAA vs memory-steered answers.
 
-Builds a persona bank from a short descriptor on the embedded model (in the system-message
-context, as a visible system prompt would hold it), and steers through the automatic path: the
-frozen behavioural selector shipped for the persona in ``data/selectors/<direction>`` (rebuilt by
-``hf-memory build-selector``), or one the user gives, or hand-picked layers. Answers a few
-prompts three ways and prints them side by side with the KV bytes each way of carrying the
-descriptor costs and how much each way's answers repeat themselves (distinct-2, repeated
-4-grams: :mod:`~hf_memory.text_quality`). Torch-dependent modules are imported inside the
-functions, so the CLI's ``--help`` stays fast.
+The default persona is one the embedded model visibly voices from a prompt (a pirate), shipped
+in ``data/personas/<name>/``: its text, its calibration pairs (the model's own replies with and
+without the prompt), the lexicon that measures it, and what :func:`build_persona` calibrated on
+those pairs within the cost budget — the memory selector with its bank recipe
+(:func:`hf_memory.persona.calibrate_persona`) and CAA's layer and scale
+(:func:`hf_memory.persona.calibrate_caa`). The Big Five descriptors steer through the frozen
+selectors of ``data/selectors/<direction>`` (``hf-memory build-selector``); any other persona
+through a selector the user gives, or hand-picked layers. The replies are printed side by side
+with the KV bytes each method carries, the share of the persona's own words in them
+(:func:`~hf_memory.text_quality.lexicon_rate`) and how much they repeat themselves.
+Torch-dependent modules are imported inside the functions, so the CLI's ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .calibration import TRAIT_DESCRIPTORS
-from .text_quality import repetition
+from .text_quality import lexicon_rate, repetition
 
 if TYPE_CHECKING:
     from .kv_accounting import KVFootprint
 
-__all__ = ["DEFAULT_PERSONA", "DEFAULT_PROMPTS", "DEFAULT_REFERENCE", "DemoResult",
-           "build_selector", "format_demo", "parse_layers", "persona_bank", "run_demo",
-           "shipped_selector"]
+__all__ = ["DEFAULT_PERSONA", "DEFAULT_PROMPTS", "DEFAULT_REFERENCE", "DEMO_PERSONA",
+           "DemoResult", "build_persona", "build_selector", "format_demo", "parse_layers",
+           "persona_bank", "run_demo", "shipped_persona", "shipped_selector"]
 
 DEFAULT_PERSONA, DEFAULT_REFERENCE = TRAIT_DESCRIPTORS["N"]  # anxious; calm
 DEFAULT_DIRECTION = "N+"
@@ -35,6 +38,8 @@ DEFAULT_PROMPTS = (
     "How do you feel about your exam tomorrow?",
     "What are your plans for the weekend?",
 )
+SHIPPED_PERSONAS = ("pirate",)
+DEMO_PERSONA = "pirate"  # a persona the embedded model voices from a visible prompt
 DEFAULT_GAIN = 2.0  # bank gain when layers are hand-picked
 DEFAULT_COST_BUDGET = 0.1  # nats per token of neutral text (hf_memory.budget_search)
 
@@ -87,6 +92,83 @@ def _as_path(traversable):
     return resources.as_file(traversable)
 
 
+def _persona_dir(name: str):
+    from importlib import resources
+
+    if name not in SHIPPED_PERSONAS:
+        raise ValueError(f"no persona {name!r} is shipped; shipped: {', '.join(SHIPPED_PERSONAS)}")
+    return resources.files(__package__).joinpath("data", "personas", name)
+
+
+def persona_spec(name: str) -> dict:
+    """A shipped persona's ``persona.json`` (text, lexicon, and what :func:`build_persona`
+    calibrated) with its calibration pairs (``pairs``)."""
+    import json
+
+    from .pairs import read_pairs
+
+    folder = _persona_dir(name)
+    spec = json.loads(folder.joinpath("persona.json").read_text())
+    with _as_path(folder.joinpath("pairs.jsonl")) as path:
+        spec["pairs"] = read_pairs(path)
+    return spec
+
+
+def shipped_persona(model, tokenizer, name: str = DEMO_PERSONA):
+    """``(banks, selector, CAA method or None, spec)`` of a shipped persona: the banks rebuilt by
+    the calibrated recipe, the frozen selector, CAA at the calibrated layer and scale."""
+    from .caa import CAAVectors
+    from .methods import CAAMethod
+    from .persona import persona_banks
+    from .selector import Selector
+
+    spec = persona_spec(name)
+    if "recipe" not in spec:
+        raise ValueError(f"persona {name!r} is not calibrated yet: run hf-memory build-selector "
+                         f"--persona {name}")
+    banks = persona_banks(model, tokenizer, spec["text"], recipe=spec["recipe"],
+                          exemplars=spec.get("exemplars", ()))
+    with _as_path(_persona_dir(name).joinpath("selector")) as path:
+        selector = Selector.from_pretrained(path, model=model)
+    caa = None
+    if spec.get("caa", {}).get("layer") is not None:
+        vectors = CAAVectors.extract(model, tokenizer, [(f"{p} {t}", f"{p} {r}")
+                                                        for p, t, r in spec["pairs"]],
+                                     layers=[spec["caa"]["layer"]])
+        caa = CAAMethod(vectors, scale=spec["caa"]["scale"])
+    return banks, selector, caa, spec
+
+
+def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
+                  progress: bool = True):
+    """Calibrate a shipped persona on its pairs within the default budget: memory by
+    :func:`~hf_memory.persona.calibrate_persona`, CAA by :func:`~hf_memory.persona.
+    calibrate_caa`; writes the selector and the choices into ``out`` (default: the package's
+    own folder). Returns the :class:`~hf_memory.persona.PersonaSteering`."""
+    from pathlib import Path
+
+    from .atomic_files import write_json
+    from .persona import calibrate_caa, calibrate_persona
+    from .steering_cost import NeutralCost
+
+    spec = persona_spec(name)
+    pairs, folder = spec.pop("pairs"), _persona_dir(name)
+    cost = NeutralCost(model, tokenizer)
+    found = calibrate_persona(model, tokenizer, spec["text"], pairs, cost=cost,
+                              progress=progress)
+    _, caa = calibrate_caa(model, tokenizer, pairs, cost=cost)
+    with _as_path(folder) as shipped:
+        out = Path(out) if out is not None else Path(shipped)
+        found.selector.save_pretrained(out / "selector")
+        recipe = found.selector.config["bank_recipe"]
+        spec.update(recipe=found.recipe, exemplars=recipe["exemplars"],
+                    caa={"layer": caa["layer"], "scale": caa["scale"]}, trials=found.trials)
+        write_json(out / "persona.json", spec)
+        if out != Path(shipped):
+            (out / "pairs.jsonl").write_text(Path(shipped, "pairs.jsonl").read_text())
+    return found
+
+
 def build_selector(model, tokenizer, direction: str, *, top_layers: int = 5,
                    cost_budget: float | None = DEFAULT_COST_BUDGET, progress: bool = True):
     """Calibrate the behavioural selector for a Big Five ``direction`` on the shipped
@@ -104,7 +186,8 @@ def build_selector(model, tokenizer, direction: str, *, top_layers: int = 5,
     pairs, drift = calibration_pairs(direction)
     selector = Selector.calibrate_behavioural(model, tokenizer, banks, pairs, drift_pairs=drift,
                                               top_layers=top_layers, cost_budget=cost_budget,
-                                              control_banks=control, progress=progress)
+                                              control_banks=control, validation=0.0,
+                                              progress=progress)
     selector.config.update(direction=direction, bank_recipe={**BANK_RECIPE, "text": target})
     return selector
 
@@ -115,14 +198,25 @@ def _automatic_selector(model, persona: str):
             if text == persona and direction in SHIPPED_DIRECTIONS:
                 return shipped_selector(direction, model=model)
     raise ValueError("no frozen selector is shipped for this persona: give layers (hand-picked "
-                     "sites) or a selector calibrated for it (hf-memory build-selector, or "
-                     "Selector.calibrate_behavioural)")
+                     "sites) or a selector calibrated for it (hf-memory persona, or "
+                     "hf_memory.persona.calibrate_persona)")
+
+
+def _shipped_persona_name(persona: str) -> str | None:
+    import json
+
+    for name in SHIPPED_PERSONAS:
+        if persona in (name, json.loads(_persona_dir(name).joinpath("persona.json")
+                                        .read_text())["text"]):
+            return name
+    return None
 
 
 @dataclass
 class DemoResult:
     """Answers per method, the KV accounting of the descriptor, the steered sites, and per
-    method the repetition of its answers (:func:`~hf_memory.text_quality.repetition`)."""
+    method the repetition of its answers (:func:`~hf_memory.text_quality.repetition`) and,
+    for a persona with a lexicon, the share of its words (``persona_words``)."""
 
     prompts: list[str]
     answers: dict[str, list[str]]
@@ -132,13 +226,15 @@ class DemoResult:
     quality: dict[str, dict[str, float]] = field(default_factory=dict)
     strength: float = 1.0
     units: dict[int, list[int]] | None = None
+    persona: str = ""
+    details: dict[str, str] = field(default_factory=dict)
 
 
 def run_demo(
     model,
     tokenizer,
     *,
-    persona: str = DEFAULT_PERSONA,
+    persona: str = DEMO_PERSONA,
     reference: str | None = None,
     prompts: Sequence[str] = DEFAULT_PROMPTS,
     layers: Sequence[int] | None = None,
@@ -146,10 +242,12 @@ def run_demo(
     selector=None,
     max_new_tokens: int = 40,
 ) -> DemoResult:
-    """Answer ``prompts`` plain, with ``persona`` added to the system prompt, and memory-steered.
+    """Answer ``prompts`` plain, with ``persona`` as the system prompt, with CAA (a shipped
+    persona's) and memory-steered.
 
-    Sites: ``layers`` (hand-picked, all heads, bank gain ``gain``), else ``selector``, else the
-    frozen selector shipped for ``persona`` (the default persona has one).
+    ``persona``: a shipped persona's name or text (its calibrated recipe, selector and CAA), or
+    any descriptor. Sites: ``layers`` (hand-picked, all heads, the descriptor bank at gain
+    ``gain``), else ``selector``, else the frozen selector shipped for ``persona``.
     """
     from .bank_set import BankSet
     from .chat import generate_chat
@@ -159,20 +257,34 @@ def run_demo(
     prompts = list(prompts)
     if layers is not None and selector is not None:
         raise ValueError("give layers or a selector, not both")
-    if layers is None and selector is None:
-        selector = _automatic_selector(model, persona)
-    bank_gain = gain if layers is not None else BANK_RECIPE["gain"]
-    banks = [persona_bank(model, tokenizer, persona, layers=layers, gain=bank_gain)]
-    if reference:
-        banks.append(persona_bank(model, tokenizer, reference, role="reference",
-                                  name="reference", layers=layers, gain=bank_gain))
-    bank_set = BankSet(banks, model=model)
+    shipped = _shipped_persona_name(persona)
+    caa, lexicon, details = None, None, {}
+    if shipped is not None and (layers is not None or selector is not None):
+        spec = persona_spec(shipped)
+        persona, lexicon, shipped = spec["text"], spec.get("lexicon"), None
+    if shipped is not None:
+        bank_set, selector, caa, spec = shipped_persona(model, tokenizer, shipped)
+        persona, lexicon = spec["text"], spec.get("lexicon")
+        details["memory"] = f"{spec['recipe']} recipe"
+        if caa is not None:
+            details["caa"] = f"layer {spec['caa']['layer']}, scale {spec['caa']['scale']:g}"
+    else:
+        if layers is None and selector is None:
+            selector = _automatic_selector(model, persona)
+        bank_gain = gain if layers is not None else BANK_RECIPE["gain"]
+        banks = [persona_bank(model, tokenizer, persona, layers=layers, gain=bank_gain)]
+        if reference:
+            banks.append(persona_bank(model, tokenizer, reference, role="reference",
+                                      name="reference", layers=layers, gain=bank_gain))
+        bank_set = BankSet(banks, model=model)
     memory = (MemoryMethod(bank_set, selector) if selector is not None
               else MemoryMethod(bank_set, layers=list(layers)))
     sites = (dict(selector.layer_gains) if selector is not None
              else dict.fromkeys(layers, 1.0))
-    methods = {"plain": None, "prompt": PromptMethod(persona, tokenizer=tokenizer),
-               "memory": memory}
+    methods = {"plain": None, "prompt": PromptMethod(persona, tokenizer=tokenizer)}
+    if caa is not None:
+        methods["caa"] = caa
+    methods["memory"] = memory
     answers, seconds = {}, {}
     for name, method in methods.items():
         start = time.perf_counter()
@@ -184,9 +296,13 @@ def run_demo(
     descriptor_ids = tokenizer(persona, return_tensors="pt", add_special_tokens=False).input_ids
     footprint = kv_footprint(model, bank_set, descriptor_ids, layers=sorted(sites))
     quality = {name: repetition(replies) for name, replies in answers.items() if replies}
+    if lexicon:
+        for name, replies in answers.items():
+            quality.setdefault(name, {})["persona_words"] = lexicon_rate(replies, lexicon)
     return DemoResult(prompts, answers, footprint, seconds, sites, quality,
                       strength=selector.strength if selector is not None else 1.0,
-                      units=dict(selector.units) if selector is not None else None)
+                      units=dict(selector.units) if selector is not None else None,
+                      persona=persona, details=details)
 
 
 def format_demo(result: DemoResult) -> str:
@@ -195,8 +311,12 @@ def format_demo(result: DemoResult) -> str:
     labels = {
         "plain": "plain",
         "prompt": f"prompt (+{fp.prompt_kv_bytes / 1024:.0f} KiB KV over {fp.num_layers} layers)",
-        "memory": f"memory (+{fp.bank_bytes / 1024:.0f} KiB bank at {fp.controlled_layers} layers)",
+        "caa": f"CAA ({result.details.get('caa', '')})",
+        "memory": f"memory (+{fp.bank_bytes / 1024:.0f} KiB bank at {fp.controlled_layers} layers"
+                  + (f", {result.details['memory']}" if "memory" in result.details else "")
+                  + ")",
     }
+    labels = {k: v for k, v in labels.items() if k in result.answers}
     lines = ["steered sites (layer: gain): " + ", ".join(f"{layer}: {gain:g}"
                                                           for layer, gain in result.sites.items())
              + f"; strength {result.strength:g}"
@@ -210,10 +330,13 @@ def format_demo(result: DemoResult) -> str:
         f"layers = {fp.prompt_kv_bytes:,} bytes; bank {fp.bank_slots} slots x "
         f"{fp.controlled_layers} layers = {fp.bank_bytes:,} bytes; ratio {fp.actual_ratio:.1f}x "
         f"(idealised L*T/(L_ctrl*S) = {fp.idealised_ratio:.1f}x)")
+    if any("persona_words" in q for q in result.quality.values()):
+        lines.append("persona words (share of the replies' words in the persona's lexicon): "
+                     + "; ".join(f"{k} {q['persona_words']:.3f}"
+                                 for k, q in result.quality.items() if "persona_words" in q))
     if result.quality:
         lines.append("repetition: " + "; ".join(
             f"{k} distinct-2 {q['distinct_2']:.2f}, repeated 4-grams {q['repeated_4gram']:.2f}"
-            for k, q in result.quality.items()))
+            for k, q in result.quality.items() if "distinct_2" in q))
     lines.append("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()))
     return "\n".join(lines)
-

@@ -39,8 +39,10 @@ from .likelihood import ContrastPair, _check_pairs, pair_margins
 from .methods import MemoryMethod, Method
 from .steering_cost import NeutralCost
 
-__all__ = ["ShiftObjective", "SiteScore", "best_strength", "check_weight", "search_sites",
-           "summarize_shifts"]
+__all__ = ["DEFAULT_COST_BUDGET", "ShiftObjective", "SiteScore", "best_strength", "check_weight",
+           "search_sites", "summarize_shifts"]
+
+DEFAULT_COST_BUDGET = 0.1  # nats per token of neutral text
 
 
 @dataclass(frozen=True)
@@ -171,19 +173,23 @@ def summarize_shifts(shift: torch.Tensor, bounds: Sequence[int]) -> tuple[float,
 
 
 def best_strength(objective: ShiftObjective, make_method: Callable[[float], Method],
-                  strengths: Sequence[float], *, cost_budget: float | None = None
+                  strengths: Sequence[float], *,
+                  cost_budget: float | None = DEFAULT_COST_BUDGET
                   ) -> tuple[float, list[dict[str, float]]]:
     """The strength (e.g. a CAA scale) whose method scores best; and every strength's scores.
 
-    With ``cost_budget`` (nats per token of neutral text; the objective needs a cost), only
-    strengths whose cost stays within it compete; if none does, the answer is 0 (no steering).
+    Only strengths whose cost (nats per token of neutral text; the objective needs a cost)
+    stays within ``cost_budget`` compete; if none does, the answer is 0 (no steering).
+    ``cost_budget=None``: every strength competes, however much it breaks the model.
     """
     if not strengths:
         raise ValueError("give at least one strength to try")
     if cost_budget is not None:
         check_weight("cost_budget", cost_budget)
         if objective.cost is None:
-            raise ValueError("a cost budget needs an objective with a cost (NeutralCost)")
+            raise ValueError("a cost budget needs an objective with a cost (ShiftObjective(..., "
+                             "cost=NeutralCost(model, tokenizer))); cost_budget=None chooses "
+                             "without one")
     rows = []
     for strength in strengths:
         rows.append({"strength": float(strength),

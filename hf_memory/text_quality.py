@@ -7,7 +7,9 @@ these counts measure that from the words alone, with no model and no judge:
   twice);
 - :func:`repeated_ngram_fraction`: the share of a reply's word n-grams that already occurred
   earlier in the same reply (0 = no repetition);
-- :func:`repetition`: both, averaged over replies (each reply weighs the same).
+- :func:`repetition`: both, averaged over replies (each reply weighs the same);
+- :func:`lexicon_rate`: the share of the replies' words that belong to a persona's own
+  vocabulary (a judge-free measure of how much of the persona the replies carry).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["distinct_n", "repeated_ngram_fraction", "repetition", "words"]
+__all__ = ["distinct_n", "lexicon_rate", "repeated_ngram_fraction", "repetition", "words"]
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
 
@@ -69,3 +71,23 @@ def repetition(texts: Sequence[str]) -> dict[str, float]:
     return {"distinct_2": sum(map(distinct_n, texts)) / len(texts),
             "repeated_4gram": sum(map(repeated_ngram_fraction, texts)) / len(texts),
             "replies": len(texts)}
+
+
+def lexicon_rate(texts: Sequence[str], lexicon: Sequence[str]) -> float:
+    """Words of ``texts`` that are in ``lexicon`` (lowercased words, matched whole; an entry
+    ending in ``*`` matches every word it starts) / all their words; 0.0 without words.
+
+    Raises:
+        ValueError: ``texts`` is a single string or holds a non-string, or ``lexicon`` is
+            empty.
+    """
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a sequence of strings")
+    entries = [e.lower() for e in lexicon if isinstance(e, str) and e.strip()]
+    if not entries:
+        raise ValueError("the lexicon is empty")
+    exact = {e for e in entries if not e.endswith("*")}
+    prefixes = tuple(e[:-1] for e in entries if e.endswith("*"))
+    tokens = [w for t in texts for w in words(t)]
+    hits = sum(w in exact or (bool(prefixes) and w.startswith(prefixes)) for w in tokens)
+    return hits / len(tokens) if tokens else 0.0

@@ -9,8 +9,9 @@ from hf_memory.demo import (
     DEFAULT_COST_BUDGET,
     DEFAULT_DIRECTION,
     DEFAULT_GAIN,
-    DEFAULT_PERSONA,
     DEFAULT_PROMPTS,
+    DEMO_PERSONA,
+    SHIPPED_PERSONAS,
 )
 
 from .errors import CLIError
@@ -57,6 +58,14 @@ def _build_selector(args: argparse.Namespace) -> None:
 
     model, tokenizer = load_default_model()
     start = time.perf_counter()
+    if args.persona:
+        from hf_memory.demo import build_persona
+
+        found = build_persona(model, tokenizer, args.persona, out=args.out)
+        print(f"# {args.persona}: kept the {found.recipe} recipe; "
+              f"{selector_line(found.selector, args.cost_budget)} in "
+              f"{time.perf_counter() - start:.0f} s")
+        return
     budget = None if args.no_budget else args.cost_budget
     selector = build_selector(model, tokenizer, args.direction, top_layers=args.top_layers,
                               cost_budget=budget)
@@ -92,12 +101,15 @@ def add_memory_parsers(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser(
         "demo", help="memory inception on the embedded SmolLM2-135M-Instruct: plain vs prompt "
                      "vs memory-steered answers",
-        description="Build a persona bank from a descriptor and answer prompts three ways "
-                    "(plain, descriptor as a visible system prompt, memory-steered), with the "
-                    "KV bytes of each.",
+        description="Answer prompts plain, with the persona as a visible system prompt, with "
+                    "CAA and memory-steered (the shipped persona's calibrated recipe and sites), "
+                    "with the KV bytes of each, the share of the persona's own words in the "
+                    "replies, and their repetition.",
     )
-    demo.add_argument("--persona", default=DEFAULT_PERSONA, metavar="TEXT",
-                      help="the descriptor the bank is built from (default: an anxious persona)")
+    demo.add_argument("--persona", default=DEMO_PERSONA, metavar="TEXT",
+                      help="a shipped persona's name, or the descriptor the bank is built from "
+                           f"(default: {DEMO_PERSONA}; the Big Five descriptors have shipped "
+                           "selectors too)")
     demo.add_argument("--reference", metavar="TEXT",
                       help="an opposite descriptor for a contrastive reference bank")
     demo.add_argument("--layers", type=layer_spec, metavar="SPEC",
@@ -121,6 +133,9 @@ def add_memory_parsers(commands: argparse._SubParsersAction) -> None:
                     "copy, which hf-memory demo uses).")
     build.add_argument("--direction", default=DEFAULT_DIRECTION, type=_direction,
                        help=f"e.g. N+ (anxious) or N- (calm) (default: {DEFAULT_DIRECTION})")
+    build.add_argument("--persona", choices=SHIPPED_PERSONAS,
+                       help="instead of a direction: calibrate a shipped persona (memory recipe "
+                            "and selector, CAA layer and scale) on its own pairs")
     build.add_argument("--top-layers", type=positive_int, default=5, metavar="M",
                        help="layer budget (default: 5)")
     build.add_argument("--cost-budget", type=non_negative, default=DEFAULT_COST_BUDGET,

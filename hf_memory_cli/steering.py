@@ -130,9 +130,6 @@ def _selector_pairs(args: argparse.Namespace) -> None:
 
 
 def _selector_calibrate(args: argparse.Namespace) -> None:
-    from hf_memory.bank_set import BankSet
-    from hf_memory.calibration import neutral_text
-    from hf_memory.demo import persona_bank
     from hf_memory.pairs import MIN_PAIRS, read_pairs, write_pairs
     from hf_memory.selector import Selector
 
@@ -150,16 +147,52 @@ def _selector_calibrate(args: argparse.Namespace) -> None:
         print(f"# the starter pairs are in {out / 'pairs.jsonl'} (edit and pass --pairs to "
               "recalibrate)", file=sys.stderr)
     budget = None if args.no_budget else args.cost_budget
-    control = (BankSet([persona_bank(model, tokenizer, neutral_text(), name="neutral")],
-                       model=model) if budget is not None else None)
     start = time.perf_counter()
     selector = Selector.calibrate_behavioural(
         model, tokenizer, banks, pairs, top_layers=args.top_layers, cost_budget=budget,
-        control_banks=control, candidate_layers=args.candidate_layers,
-        layer_stride=args.layer_stride)
+        candidate_layers=args.candidate_layers, layer_stride=args.layer_stride)
     selector.save_pretrained(out)
     print(f"# {selector_line(selector, budget)} in {time.perf_counter() - start:.0f}s; "
           f"wrote {out}")
+
+
+def _persona(args: argparse.Namespace) -> None:
+    from hf_memory.pairs import MIN_PAIRS, read_pairs, write_pairs
+    from hf_memory.persona import calibrate_persona
+
+    text = _read_text(args)
+    if not text.strip():
+        raise CLIError("the persona text is empty: give the sentence that describes it")
+    pairs = read_pairs(args.pairs) if args.pairs else None
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise CLIError(f"{out} exists and is not a bank set folder: choose a new --out")
+    model, tokenizer = load_model(args.model, args.revision)
+    if pairs is None:
+        from hf_memory.pairs import starter_pairs
+
+        pairs = starter_pairs(model, tokenizer, text, count=args.count,
+                              max_new_tokens=args.max_new_tokens)
+        if len(pairs) < MIN_PAIRS:
+            raise CLIError(f"only {len(pairs)} starter pairs differ (at least {MIN_PAIRS} are "
+                           "needed): write your own and pass --pairs")
+        out.mkdir(parents=True, exist_ok=True)
+        write_pairs(out / "pairs.jsonl", pairs)
+        print(f"# {len(pairs)} starter pairs in {out / 'pairs.jsonl'} (edit them and pass "
+              "--pairs to recalibrate)", file=sys.stderr)
+    start = time.perf_counter()
+    found = calibrate_persona(model, tokenizer, text, pairs, recipes=args.recipes,
+                              cost_budget=args.cost_budget, top_layers=args.top_layers,
+                              layer_stride=args.layer_stride)
+    found.save_pretrained(out)
+    for trial in found.trials:
+        held = trial["validation_target"]
+        print(f"# {trial['recipe']}: layers {trial['layers']}, strength {trial['strength']:g}, "
+              f"gain {trial['gain']:g}, cost {trial['cost']:+.3f} nats/token; calibration "
+              f"shift {trial['calibration_target']:+.2f}"
+              + ("" if held is None else f", validation shift {held:+.2f}") + " nats")
+    print(f"# kept {found.recipe} in {time.perf_counter() - start:.0f}s; wrote {out} (chat: "
+          f"hf-memory chat --banks {out} --selector {out / 'selector'})")
 
 
 def _check_sites(args: argparse.Namespace) -> None:
@@ -336,6 +369,16 @@ def _steering_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
 
 
+def _recipes(text: str) -> list[str]:
+    known = ("descriptor", "prompt_like", "exemplars")
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"recipes must be among {', '.join(known)}, got "
+                                         f"{text!r}")
+    return names
+
+
 def _pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=positive_int, default=24, metavar="N",
                         help="starter pairs: questions to ask (default: 24)")
@@ -405,6 +448,37 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
     _pair_arguments(calibrate)
     add_model_arguments(calibrate)
     calibrate.set_defaults(handler=_selector_calibrate)
+
+    persona = commands.add_parser(
+        "persona", help="your own persona in one command: banks and a selector",
+        description="Build the persona's banks by each recipe (prompt_like: the text where a "
+                    "visible system prompt would sit; exemplars: the text and example replies "
+                    "from the pairs; descriptor: the paper's bank), calibrate a selector for "
+                    "each within the cost budget on the pairs (a third held out to drop sites "
+                    "that do not hold), and keep the recipe that moves the held-out pairs "
+                    "furthest. Without --pairs, starter pairs are written first.")
+    persona_source = persona.add_mutually_exclusive_group(required=True)
+    persona_source.add_argument("--text", help="the persona, e.g. 'I am always cheerful.'")
+    persona_source.add_argument("--file", metavar="FILE", help="a UTF-8 text file holding it")
+    persona.add_argument("--pairs", metavar="FILE",
+                         help="JSON lines of {prompt, target, reference}, at least 8 (~20 "
+                              "recommended)")
+    persona.add_argument("--out", required=True, metavar="DIR",
+                         help="the bank set folder (its selector goes to DIR/selector)")
+    persona.add_argument("--recipes", type=_recipes, default=["prompt_like", "exemplars"],
+                         metavar="LIST",
+                         help="comma-separated bank recipes to try (default: "
+                              "prompt_like,exemplars; also descriptor)")
+    persona.add_argument("--top-layers", type=positive_int, default=6, metavar="M",
+                         help="layer budget (default: 6)")
+    persona.add_argument("--cost-budget", type=non_negative, default=0.1, metavar="NATS",
+                         help="the most the steering may cost, in nats per token of neutral "
+                              "text (default: 0.1)")
+    persona.add_argument("--layer-stride", type=positive_int, default=3, metavar="K",
+                         help="score every K-th layer alone (default: 3)")
+    _pair_arguments(persona)
+    add_model_arguments(persona)
+    persona.set_defaults(handler=_persona)
 
     chat = commands.add_parser(
         "chat", help="an interactive steered chat (one KV cache; /help for commands)",

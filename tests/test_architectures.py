@@ -40,7 +40,7 @@ def test_text_banks_selector_caa_and_cached_generation(family, tokenizer):
         assert torch.isfinite(bank.keys).all() and torch.isfinite(bank.values).all()
     selector = Selector.calibrate_behavioural(
         model, tokenizer, banks, PAIRS, top_layers=1, gains=[1.0, 2.0], uncertainty_weight=0.0,
-        progress=False)
+        cost_budget=None, progress=False)
     assert len(selector.layers) == 1 and all(selector.units.values())
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "How are you?"}],
                                         add_generation_prompt=True, return_tensors="pt",

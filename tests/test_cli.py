@@ -13,6 +13,7 @@ import pytest
 import hf_memory_cli as cli
 from hf_memory import default_model as dm
 from hf_memory import embedded
+from hf_memory.demo import DEFAULT_PERSONA
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -54,8 +55,9 @@ def test_missing_model_package_is_one_line(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_demo_compares_plain_prompt_and_memory(capsys):
-    assert cli.main(["demo", "--prompt", "What is the capital of France?",
-                     "--max-new-tokens", "12", "--layers", "20-21"]) == 0
+    assert cli.main(["demo", "--persona", DEFAULT_PERSONA, "--prompt",
+                     "What is the capital of France?", "--max-new-tokens", "12", "--layers",
+                     "20-21"]) == 0
     out = capsys.readouterr().out
     assert "User: What is the capital of France?" in out
     plain = next(line for line in out.splitlines() if line.strip().startswith("[plain]"))
@@ -66,8 +68,8 @@ def test_demo_compares_plain_prompt_and_memory(capsys):
 
 @pytest.mark.slow
 def test_demo_steers_through_the_shipped_selector(capsys):
-    assert cli.main(["demo", "--prompt", "How do you feel about your exam tomorrow?",
-                     "--max-new-tokens", "8"]) == 0
+    assert cli.main(["demo", "--persona", DEFAULT_PERSONA, "--prompt",
+                     "How do you feel about your exam tomorrow?", "--max-new-tokens", "8"]) == 0
     out = capsys.readouterr().out
     assert "steered sites (layer: gain):" in out and "[memory (+" in out
     assert "; strength 0.5; units {12: [1, 2]" in out  # the shipped N+ selector's dial and units

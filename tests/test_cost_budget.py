@@ -221,7 +221,9 @@ def test_budget_rule_and_bad_budgets():
                                 cost_budget=0.25)
     assert scale == 2.0 and len(rows) == 3
     assert best_strength(ScaleObjective(), lambda s: s, [4.0], cost_budget=0.25)[0] == 0.0
-    assert best_strength(ScaleObjective(), lambda s: s, [4.0])[0] == 4.0
+    # the default is budgeted (0.1): scale 4 costs 0.4 and is refused; None opts out
+    assert best_strength(ScaleObjective(), lambda s: s, [0.5, 4.0])[0] == 0.5
+    assert best_strength(ScaleObjective(), lambda s: s, [4.0], cost_budget=None)[0] == 4.0
     with pytest.raises(ValueError, match="cost_budget"):
         best_strength(ScaleObjective(), lambda s: s, [1.0], cost_budget=-1.0)
 

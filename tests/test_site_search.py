@@ -67,7 +67,7 @@ def test_best_strength_picks_the_highest_score_and_the_smaller_strength_on_ties(
             return {"target": strength, "target_se": 0.0, "drift": abs(strength - 4),
                     "score": strength - abs(strength - 4)}
 
-    strength, rows = best_strength(Objective(), lambda s: s, [1.0, 4.0, 8.0])
+    strength, rows = best_strength(Objective(), lambda s: s, [1.0, 4.0, 8.0], cost_budget=None)
     assert strength == 4.0 and [r["score"] for r in rows] == [-2.0, 4.0, 4.0]
 
 

@@ -140,3 +140,16 @@ def test_the_demo_prints_each_methods_repetition():
     assert ("repetition: plain distinct-2 1.00, repeated 4-grams 0.00; prompt distinct-2 0.57, "
             "repeated 4-grams 0.20; memory distinct-2 0.36, repeated 4-grams 0.58") in text
     assert "repetition:" not in format_demo(_demo_result(quality=False))  # built without it
+
+
+def test_lexicon_rate_counts_whole_words_and_prefixes():
+    from hf_memory.text_quality import lexicon_rate
+
+    # 10 words; "arr" and "matey" whole, "sailin'" by the prefix "sail*"; "seashell" is not "sea"
+    replies = ["Arr, matey! I'm sailin' to a seashell.", "Hello there, friend."]
+    assert lexicon_rate(replies, ["arr", "matey", "sail*", "sea"]) == pytest.approx(3 / 10)
+    assert lexicon_rate(["", "..."], ["arr"]) == 0.0
+    with pytest.raises(ValueError, match="lexicon is empty"):
+        lexicon_rate(replies, [" "])
+    with pytest.raises(ValueError, match="sequence of strings"):
+        lexicon_rate("Arr", ["arr"])

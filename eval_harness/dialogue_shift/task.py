@@ -159,7 +159,7 @@ def calibrate_transition(model, tokenizer, transition: str,
                                uncertainty_weight=config.uncertainty_weight,
                                batch_size=config.batch_size)
     scale, rows = best_strength(objective, lambda s: CAAFromStart(vectors, scale=s),
-                                config.caa_scales)
+                                config.caa_scales, cost_budget=None)
     setup = {"memory": {"layers": selector.layers, "gain": selector.layer_gains,
                         "objective": selector.config["best"]},
              "caa": {"layer": config.caa_layer, "scale": scale, "calibration": rows},

@@ -231,7 +231,7 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
         candidate_layers=config.candidate_layers, gains=config.gains,
         uncertainty_weight=config.uncertainty_weight, batch_size=config.batch_size,
         cost_budget=budget, cost=cost, control_banks=control, layer_stride=stride,
-        progress=False)
+        validation=0.0, progress=False)  # the shipped selectors' recipe: every pair searched
     selector.config["bank_sources"] = sources
     if path is not None:
         selector.save_pretrained(path)

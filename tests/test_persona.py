@@ -1,0 +1,176 @@
+"""A user's own persona: slots placed before the conversation, the neutral control built by the
+banks' own recipe, the budgeted call as the default, the validation split, and the one-call
+persona calibration (a tiny model reading the embedded model's tokenizer; bad input)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_memory import BankSet, MemoryBank, MemoryMethod, Selector
+from hf_memory.calibration import neutral_control, neutral_like
+from hf_memory.persona import PersonaSteering, calibrate_persona, exemplar_text, persona_banks
+from hf_memory.selector import split_pairs
+from hf_memory.site_search import ShiftObjective
+from hf_memory.steering_cost import NeutralCost
+from tests.test_memory_inception import random_bank
+from tests.tiny_models import tiny_model
+
+PASSAGES = ["The sky is blue today.", "Seven plus five is twelve."]
+TEXT = "I am always cheerful and I see the bright side of everything."
+PAIRS = [(f"Question {i}: how is your day?", f"Wonderful, truly great {i}!",
+          f"Awful, as usual {i}.") for i in range(9)]
+
+
+@pytest.fixture(scope="module")
+def chat_tiny(default_model):
+    _, tokenizer = default_model
+    return tiny_model("llama", vocab_size=len(tokenizer), dtype=torch.float32), tokenizer
+
+
+def test_slots_before_the_conversation_sit_at_negative_positions(chat_tiny):
+    model, tokenizer = chat_tiny
+    free = MemoryBank.from_text(model, tokenizer, TEXT, template="{text}")
+    before = MemoryBank.from_text(model, tokenizer, TEXT, template="{text}", placement="before")
+    assert free.positions is None and free.provenance["placement"] == "free"
+    variant = before.provenance["variants"][0]
+    expected = torch.tensor(variant["kept_positions"]) - len(variant["token_ids"])
+    assert torch.equal(before.positions, expected) and int(before.positions.max()) < 0
+    assert torch.equal(before.keys, free.keys) and torch.equal(before.values, free.values)
+    with pytest.raises(ValueError, match="placement must be one of"):
+        MemoryBank.from_text(model, tokenizer, TEXT, placement="after")
+
+
+def test_neutral_control_follows_the_banks_recipe(chat_tiny):
+    model, tokenizer = chat_tiny
+    banks = persona_banks(model, tokenizer, TEXT, recipe="exemplars",
+                          exemplars=["Great!", "What a lovely day."])
+    control = neutral_control(model, tokenizer, banks)
+    (bank,), (neutral,) = banks.banks, control.banks
+    assert control.size_normalize is False and control.gamma == banks.gamma
+    assert neutral.positions is not None and int(neutral.positions.max()) < 0
+    assert neutral.layers == bank.layers and neutral.role == bank.role
+    assert neutral.num_slots >= bank.num_slots  # neutral text at least as long
+    assert neutral.provenance["text"] == neutral_like(tokenizer, bank.provenance["text"])
+    with pytest.raises(ValueError, match="not built from text"):
+        neutral_control(model, tokenizer, BankSet([random_bank("t", "target", 3)]))
+
+
+def test_split_pairs_is_disjoint_deterministic_and_spread():
+    items = [(str(i), "a", "b") for i in range(10)]
+    search, held = split_pairs(items, 3)
+    assert len(search) == 7 and len(held) == 3 and not set(search) & set(held)
+    assert sorted(search + held) == sorted(items) and split_pairs(items, 3) == (search, held)
+    assert [p[0] for p in held] == ["1", "4", "8"]
+    assert split_pairs(items, 0) == (items, [])
+    with pytest.raises(ValueError, match="cannot hold out"):
+        split_pairs(items, 10)
+
+
+def test_the_default_call_is_budgeted_with_a_recipe_control_and_none_opts_out(chat_tiny):
+    model, tokenizer = chat_tiny
+    banks = persona_banks(model, tokenizer, TEXT, recipe="prompt_like")
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    selector = Selector.calibrate_behavioural(model, tokenizer, banks, PAIRS, cost=cost,
+                                              top_layers=1, unit_search=False,
+                                              progress=False)
+    config = selector.config
+    assert config["objective"] == "behavioural_budgeted" and config["cost_budget"] == 0.1
+    assert config["control"][0]["name"] == "neutral-persona"
+    # concatenated attention: the dial runs at rho 0 (the prompt's own attention), then rho up
+    assert config["dial"][0][1] == 0.0 and config["dial"][-1] == [1.0, 6.0]
+    assert config["num_pairs"] == 9 and config["search_pairs"] == 6
+    assert config["validation"]["pairs"] == 3
+    assert all(h["cost"] <= 0.1 for h in config["history"] if h["strength"] > 0)
+    if selector.strength > 0:  # the frozen selector costs what the search measured
+        assert cost.measure(MemoryMethod(banks, selector)) == pytest.approx(
+            config["best"]["cost"], abs=1e-9)
+    unbudgeted = Selector.calibrate_behavioural(model, tokenizer, banks, PAIRS, top_layers=1,
+                                                gains=[1.0], cost_budget=None, progress=False)
+    assert unbudgeted.config["objective"] == "behavioural"
+    with pytest.raises(ValueError, match="control_banks must be"):
+        Selector.calibrate_behavioural(model, tokenizer, banks, PAIRS, cost=cost,
+                                       control_banks="neutral", progress=False)
+    with pytest.raises(ValueError, match="validation must be a fraction"):
+        Selector.calibrate_behavioural(model, tokenizer, banks, PAIRS, cost=cost,
+                                       validation=1.5, progress=False)
+
+
+def test_dropped_layers_do_not_lower_the_validation_movement(chat_tiny):
+    model, tokenizer = chat_tiny
+    banks = persona_banks(model, tokenizer, TEXT, recipe="prompt_like")
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    selector = Selector.calibrate_behavioural(
+        model, tokenizer, banks, PAIRS, cost=cost, cost_budget=10.0, top_layers=2,
+        layer_stride=1, unit_search=False, uncertainty_weight=0.0, progress=False)
+    check = selector.config["validation"]
+    assert check["kept_validation_target"] >= check["validation_target"]
+    assert not set(check["dropped_layers"]) & set(selector.layers)
+    _, held = split_pairs(PAIRS, 3)
+    objective = ShiftObjective(model, tokenizer, held, uncertainty_weight=0.0)
+    control = neutral_control(model, tokenizer, banks)
+    measured = objective.measure(MemoryMethod(banks, selector),
+                                 control=MemoryMethod(control, selector))
+    assert measured["target"] == pytest.approx(check["kept_validation_target"], abs=1e-5)
+
+
+def test_calibrate_persona_keeps_the_recipe_that_holds_and_round_trips(chat_tiny, tmp_path):
+    model, tokenizer = chat_tiny
+    found = calibrate_persona(model, tokenizer, TEXT, PAIRS,
+                              recipes=("prompt_like", "exemplars"), top_layers=1,
+                              unit_search=False, cost=NeutralCost(model, tokenizer,
+                                                                  passages=PASSAGES),
+                              progress=False)
+    trials = {t["recipe"]: t for t in found.trials}
+    assert set(trials) == {"prompt_like", "exemplars"}
+    assert trials["exemplars"]["exemplars"] == 3 and trials["prompt_like"]["exemplars"] == 0
+    best = max(trials.values(), key=lambda t: t["validation_target"])
+    assert found.recipe == best["recipe"]
+    text = found.banks.banks[0].provenance["text"]
+    if found.recipe == "exemplars":  # the examples are the held-back pairs' target replies
+        _, examples = split_pairs(PAIRS, 3)
+        assert text == exemplar_text(TEXT, [t for _, t, _ in examples])
+    loaded = PersonaSteering.from_pretrained(found.save_pretrained(tmp_path / "p"),
+                                             model=model)
+    assert loaded.recipe == found.recipe and loaded.selector.layers == found.selector.layers
+    assert torch.equal(loaded.banks.banks[0].positions, found.banks.banks[0].positions)
+    assert loaded.banks.size_normalize is False
+
+
+def test_persona_bad_input_is_one_clear_error(chat_tiny):
+    model, tokenizer = chat_tiny
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        persona_banks(model, tokenizer, TEXT, recipe="voice")
+    with pytest.raises(ValueError, match="needs example replies"):
+        persona_banks(model, tokenizer, TEXT, recipe="exemplars")
+    with pytest.raises(ValueError, match="recipes must be among"):
+        calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=["voice"])
+    with pytest.raises(ValueError, match="always runs within a cost budget"):
+        calibrate_persona(model, tokenizer, TEXT, PAIRS, cost_budget=None)
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        calibrate_persona(model, tokenizer, TEXT, [])
+    with pytest.raises(ValueError, match="at least 3 pairs"):
+        calibrate_persona(model, tokenizer, TEXT, PAIRS[:2], recipes=["exemplars"])
+
+
+def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypatch):
+    from hf_memory import demo
+
+    model, tokenizer = chat_tiny
+    spec = demo.persona_spec("pirate")
+    assert len(spec["pairs"]) >= 20 and spec["lexicon"]
+    found = demo.build_persona(model, tokenizer, "pirate", out=tmp_path, progress=False)
+    written = json.loads((tmp_path / "persona.json").read_text())
+    assert written["recipe"] == found.recipe and written["text"] == spec["text"]
+    assert set(written["caa"]) == {"layer", "scale"} and "pairs" not in written
+    monkeypatch.setattr(demo, "_persona_dir", lambda name: tmp_path)
+    banks, selector, caa, loaded = demo.shipped_persona(model, tokenizer, "pirate")
+    assert selector.layers == found.selector.layers
+    assert banks.banks[0].provenance["text"] == found.banks.banks[0].provenance["text"]
+    assert (caa is None) == (written["caa"]["layer"] is None)
+    result = demo.run_demo(model, tokenizer, prompts=["Hi?"], max_new_tokens=3)
+    assert set(result.answers) == {"plain", "prompt", "memory"} | ({"caa"} if caa else set())
+    assert all("persona_words" in q for q in result.quality.values())
+    assert "persona words" in demo.format_demo(result)
