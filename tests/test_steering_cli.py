@@ -16,6 +16,7 @@ import torch
 from hf_memory.bank_set import BankSet
 from hf_memory.conversation import Conversation
 from hf_memory.pairs import MIN_PAIRS, PairsFileError, read_pairs, write_pairs
+from hf_memory.persona import PersonaSteering
 from hf_memory.selector import Selector
 from hf_memory_cli.main import main
 
@@ -208,3 +209,35 @@ def test_chat_keeps_one_conversation_through_slash_commands(tiny_dirs, tmp_path,
             saved["messages"][1]["content"]
     finally:
         conversation.close()
+
+
+def test_persona_calibrates_banks_and_selector_in_one_command(tiny_dirs, tmp_path, capsys):
+    model, out = tiny_dirs[0], tmp_path / "pirate"
+    write_pairs(tmp_path / "pairs.jsonl", PAIRS)
+    code, text, _ = cli(capsys, "persona", "--text", "You talk like a pirate.", "--pairs",
+                        str(tmp_path / "pairs.jsonl"), "--out", str(out), "--top-layers", "1",
+                        "--recipes", "prompt_like,descriptor", "--model", model)
+    assert code == 0 and "# prompt_like: layers" in text and "# descriptor: layers" in text
+    assert f"--selector {out / 'selector'}" in text
+    found = PersonaSteering.from_pretrained(out)
+    assert found.recipe in ("prompt_like", "descriptor") and len(found.trials) == 2
+    assert found.selector.config["cost_budget"] == 0.1
+    code, text, _ = cli(capsys, "generate", "--banks", str(out), "--selector",
+                        str(out / "selector"), "--prompt", "Hi", "--max-new-tokens", "2",
+                        "--model", model)
+    assert code == 0 and json.loads(text.splitlines()[0])["method"] == "memory"
+
+
+def test_persona_refuses_bad_input(tiny_dirs, tmp_path, capsys):
+    code, _, err = cli(capsys, "persona", "--text", "  ", "--out", str(tmp_path / "p"),
+                       "--model", tiny_dirs[0])
+    assert code == 2 and "persona text is empty" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["persona", "--text", "Arr.", "--recipes", "voice", "--out", str(tmp_path / "p")])
+    assert exit_.value.code == 2 and "recipes must be among" in capsys.readouterr().err
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    code, _, err = cli(capsys, "persona", "--text", "Arr.", "--out", str(tmp_path / "taken"),
+                       "--model", tiny_dirs[0])
+    assert code == 2 and "not a bank set folder" in err
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
