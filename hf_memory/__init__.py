@@ -37,9 +37,10 @@ _EXPORTS = {
     "kv_accounting": ["KVFootprint", "kv_footprint"],
     "methods": ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
                 "generate_with", "generate_with_each"],
+    "persona": ["PersonaSteering", "calibrate_persona", "persona_banks"],
     "selector": ["Selector"],
     "steering": ["RowSteering", "SteeringHandle", "steer", "steered_generate"],
-    "text_quality": ["distinct_n", "repeated_ngram_fraction", "repetition"],
+    "text_quality": ["distinct_n", "lexicon_rate", "repeated_ngram_fraction", "repetition"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -140,11 +140,12 @@ def shipped_persona(model, tokenizer, name: str = DEMO_PERSONA):
 
 
 def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
-                  progress: bool = True):
+                  recipes: Sequence[str] | None = None, progress: bool = True):
     """Calibrate a shipped persona on its pairs within the default budget: memory by
     :func:`~hf_memory.persona.calibrate_persona`, CAA by :func:`~hf_memory.persona.
     calibrate_caa`; writes the selector and the choices into ``out`` (default: the package's
-    own folder). Returns the :class:`~hf_memory.persona.PersonaSteering`."""
+    own folder); ``recipes``: the bank recipes to try (default: calibrate_persona's). Returns
+    the :class:`~hf_memory.persona.PersonaSteering`."""
     from pathlib import Path
 
     from .atomic_files import write_json
@@ -155,7 +156,8 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
     pairs, folder = spec.pop("pairs"), _persona_dir(name)
     cost = NeutralCost(model, tokenizer)
     found = calibrate_persona(model, tokenizer, spec["text"], pairs, cost=cost,
-                              progress=progress)
+                              progress=progress,
+                              **({} if recipes is None else {"recipes": recipes}))
     _, caa = calibrate_caa(model, tokenizer, pairs, cost=cost)
     with _as_path(folder) as shipped:
         out = Path(out) if out is not None else Path(shipped)
