@@ -252,11 +252,13 @@ def run_demo(
     ``gain``), else ``selector``, else the frozen selector shipped for ``persona``.
     """
     from .bank_set import BankSet
-    from .chat import generate_chat
+    from .chat import chat_messages, generate_chat
     from .kv_accounting import kv_footprint
     from .methods import MemoryMethod, PromptMethod, generate_with
 
     prompts = list(prompts)
+    for prompt in prompts:  # bad input is refused before any bank is built
+        chat_messages(prompt)
     if layers is not None and selector is not None:
         raise ValueError("give layers or a selector, not both")
     shipped = _shipped_persona_name(persona)
