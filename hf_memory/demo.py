@@ -217,8 +217,9 @@ def _shipped_persona_name(persona: str) -> str | None:
 @dataclass
 class DemoResult:
     """Answers per method, the KV accounting of the descriptor, the steered sites, and per
-    method the repetition of its answers (:func:`~hf_memory.text_quality.repetition`) and,
-    for a persona with a lexicon, the share of its words (``persona_words``)."""
+    method the repetition of its answers (:func:`~hf_memory.text_quality.repetition`), its
+    cost on neutral text (``cost``) and, for a persona with a lexicon, the share of its words
+    (``persona_words``)."""
 
     prompts: list[str]
     answers: dict[str, list[str]]
@@ -255,6 +256,7 @@ def run_demo(
     from .chat import chat_messages, generate_chat
     from .kv_accounting import kv_footprint
     from .methods import MemoryMethod, PromptMethod, generate_with
+    from .steering_cost import NeutralCost
 
     prompts = list(prompts)
     for prompt in prompts:  # bad input is refused before any bank is built
@@ -300,6 +302,9 @@ def run_demo(
     descriptor_ids = tokenizer(persona, return_tensors="pt", add_special_tokens=False).input_ids
     footprint = kv_footprint(model, bank_set, descriptor_ids, layers=sorted(sites))
     quality = {name: repetition(replies) for name, replies in answers.items() if replies}
+    neutral = NeutralCost(model, tokenizer)
+    for name, method in methods.items():
+        quality.setdefault(name, {})["cost"] = 0.0 if method is None else neutral.measure(method)
     if lexicon:
         for name, replies in answers.items():
             quality.setdefault(name, {})["persona_words"] = lexicon_rate(replies, lexicon)
@@ -334,6 +339,10 @@ def format_demo(result: DemoResult) -> str:
         f"layers = {fp.prompt_kv_bytes:,} bytes; bank {fp.bank_slots} slots x "
         f"{fp.controlled_layers} layers = {fp.bank_bytes:,} bytes; ratio {fp.actual_ratio:.1f}x "
         f"(idealised L*T/(L_ctrl*S) = {fp.idealised_ratio:.1f}x)")
+    if any("cost" in q for q in result.quality.values()):
+        lines.append("cost (ΔNLL per token of neutral text; the selectors' budget is 0.1): "
+                     + "; ".join(f"{k} {q['cost']:+.3f}" for k, q in result.quality.items()
+                                 if "cost" in q))
     if any("persona_words" in q for q in result.quality.values()):
         lines.append("persona words (share of the replies' words in the persona's lexicon): "
                      + "; ".join(f"{k} {q['persona_words']:.3f}"
