@@ -1,0 +1,59 @@
+"""Does a shipped persona's voice show in free text, and at what cost (BENCHMARKS.md, "The
+pirate persona of make demo")?
+
+Greedy replies (32 tokens) to four everyday questions; per method the share of the replies'
+words in the persona's lexicon (:func:`hf_memory.text_quality.lexicon_rate`) and the cost
+(ΔNLL per token of the shipped neutral text): the visible prompt, memory at the shipped
+selector's sites over ρ, and the ``exemplars`` recipe at two layer sets over ρ.
+Usage: python benchmarks/mi_persona_voice.py [--persona pirate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+import torch
+
+from hf_memory import MemoryMethod, PromptMethod, generate_with, load_default_model
+from hf_memory.demo import shipped_persona
+from hf_memory.persona import persona_banks
+from hf_memory.selector import split_pairs
+from hf_memory.steering_cost import NeutralCost
+from hf_memory.text_quality import lexicon_rate
+
+QUESTIONS = ("How do you feel about your exam tomorrow?", "What are your plans for the weekend?",
+             "Can you recommend a good book?", "What did you have for breakfast?")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--persona", default="pirate")
+    args = parser.parse_args()
+    model, tokenizer = load_default_model()
+    banks, selector, _, spec = shipped_persona(model, tokenizer, args.persona)
+    cost = NeutralCost(model, tokenizer)
+    print(f"# {platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("| method | persona words | cost |\n| --- | --- | --- |")
+
+    def row(name: str, method) -> None:
+        replies = generate_with(method, model, tokenizer, list(QUESTIONS), max_new_tokens=32)
+        print(f"| {name} | {lexicon_rate(replies, spec['lexicon']):.3f} | "
+              f"{cost.measure(method):+.3f} | {replies[1][:80]!r}", flush=True)
+
+    row("visible prompt", PromptMethod(spec["text"], tokenizer=tokenizer))
+    sites = {"layers": selector.layers, "units": selector.units, "unit_type": selector.unit_type}
+    for rho in (1.0, 2.0, 3.0, 4.0):
+        row(f"memory, shipped sites, rho {rho:g}",
+            MemoryMethod(banks, layer_gains=dict.fromkeys(selector.layers, rho), **sites))
+    _, examples = split_pairs(spec["pairs"], 8)
+    exemplars = persona_banks(model, tokenizer, spec["text"], recipe="exemplars",
+                              exemplars=[target for _, target, _ in examples])
+    for layers in (selector.layers, list(range(12, 30, 3))):
+        for rho in (0.0, 1.0, 2.0):
+            row(f"exemplars, layers {layers}, rho {rho:g}",
+                MemoryMethod(exemplars, layers=layers, layer_gains=dict.fromkeys(layers, rho)))
+
+
+if __name__ == "__main__":
+    main()
