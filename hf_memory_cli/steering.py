@@ -116,6 +116,19 @@ def _starter_pairs(banks, model, tokenizer, count: int, max_new_tokens: int):
     return pairs
 
 
+def _keep_starter_pairs(pairs, out: Path, remedy: str) -> None:
+    """Write starter pairs to ``out/pairs.jsonl`` for the user to edit; too few is an error."""
+    from hf_memory.pairs import MIN_PAIRS, write_pairs
+
+    if len(pairs) < MIN_PAIRS:
+        raise CLIError(f"only {len(pairs)} starter pairs differ (at least {MIN_PAIRS} are "
+                       f"needed): {remedy}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_pairs(out / "pairs.jsonl", pairs)
+    print(f"# {len(pairs)} starter pairs in {out / 'pairs.jsonl'} (edit them and pass --pairs "
+          "to recalibrate)", file=sys.stderr)
+
+
 def _selector_pairs(args: argparse.Namespace) -> None:
     from hf_memory.pairs import MIN_PAIRS, write_pairs
 
@@ -130,7 +143,7 @@ def _selector_pairs(args: argparse.Namespace) -> None:
 
 
 def _selector_calibrate(args: argparse.Namespace) -> None:
-    from hf_memory.pairs import MIN_PAIRS, read_pairs, write_pairs
+    from hf_memory.pairs import read_pairs
     from hf_memory.selector import Selector
 
     pairs = read_pairs(args.pairs) if args.pairs else None
@@ -139,13 +152,8 @@ def _selector_calibrate(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if pairs is None:
         pairs = _starter_pairs(banks, model, tokenizer, args.count, args.max_new_tokens)
-        if len(pairs) < MIN_PAIRS:
-            raise CLIError(f"only {len(pairs)} starter pairs differ (at least {MIN_PAIRS} are "
-                           "needed): write your own with hf-memory selector pairs and edit them")
-        out.mkdir(parents=True, exist_ok=True)
-        write_pairs(out / "pairs.jsonl", pairs)
-        print(f"# the starter pairs are in {out / 'pairs.jsonl'} (edit and pass --pairs to "
-              "recalibrate)", file=sys.stderr)
+        _keep_starter_pairs(pairs, out, "write your own with hf-memory selector pairs and edit "
+                                        "them")
     budget = None if args.no_budget else args.cost_budget
     start = time.perf_counter()
     selector = Selector.calibrate_behavioural(
@@ -157,7 +165,7 @@ def _selector_calibrate(args: argparse.Namespace) -> None:
 
 
 def _persona(args: argparse.Namespace) -> None:
-    from hf_memory.pairs import MIN_PAIRS, read_pairs, write_pairs
+    from hf_memory.pairs import read_pairs
     from hf_memory.persona import calibrate_persona
 
     text = _read_text(args)
@@ -173,13 +181,7 @@ def _persona(args: argparse.Namespace) -> None:
 
         pairs = starter_pairs(model, tokenizer, text, count=args.count,
                               max_new_tokens=args.max_new_tokens)
-        if len(pairs) < MIN_PAIRS:
-            raise CLIError(f"only {len(pairs)} starter pairs differ (at least {MIN_PAIRS} are "
-                           "needed): write your own and pass --pairs")
-        out.mkdir(parents=True, exist_ok=True)
-        write_pairs(out / "pairs.jsonl", pairs)
-        print(f"# {len(pairs)} starter pairs in {out / 'pairs.jsonl'} (edit them and pass "
-              "--pairs to recalibrate)", file=sys.stderr)
+        _keep_starter_pairs(pairs, out, "write your own and pass --pairs")
     start = time.perf_counter()
     found = calibrate_persona(model, tokenizer, text, pairs, recipes=args.recipes,
                               cost_budget=args.cost_budget, top_layers=args.top_layers,
