@@ -567,11 +567,12 @@ class Selector:
             directory = Path(snapshot_download(
                 str(path_or_repo), revision=revision, token=token, cache_dir=cache_dir,
                 allow_patterns=[CONFIG_NAME, DIAGNOSTICS_NAME, "README.md"]))
+        for name in (CONFIG_NAME, DIAGNOSTICS_NAME):  # safetensors names no missing file
+            if not (directory / name).is_file():
+                raise SelectorFormatError(f"{directory} lacks {name}")
         try:
             record = json.loads((directory / CONFIG_NAME).read_text())
             diagnostics = load_file(directory / DIAGNOSTICS_NAME)
-        except FileNotFoundError as error:
-            raise SelectorFormatError(f"{directory} lacks {Path(error.filename).name}") from None
         except (ValueError, SafetensorError, OSError) as error:
             raise SelectorFormatError(f"{directory} holds a corrupt selector: {error}") from None
         if record.get("kind") != "memory_inception_selector" or (

@@ -174,3 +174,16 @@ def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypat
     assert set(result.answers) == {"plain", "prompt", "memory"} | ({"caa"} if caa else set())
     assert all("persona_words" in q for q in result.quality.values())
     assert "persona words" in demo.format_demo(result)
+
+
+def test_a_selector_folder_without_its_diagnostics_is_named(chat_tiny, tmp_path):
+    from hf_memory.selector import SelectorFormatError
+
+    model, tokenizer = chat_tiny
+    banks = persona_banks(model, tokenizer, TEXT, recipe="prompt_like")
+    selector = Selector.calibrate_behavioural(model, tokenizer, banks, PAIRS, top_layers=1,
+                                              gains=[1.0], cost_budget=None, progress=False)
+    folder = selector.save_pretrained(tmp_path / "s")
+    (folder / "diagnostics.safetensors").unlink()
+    with pytest.raises(SelectorFormatError, match="lacks diagnostics.safetensors"):
+        Selector.from_pretrained(folder)
