@@ -30,7 +30,7 @@ when the score improves:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tqdm.auto import tqdm
 
@@ -96,6 +96,14 @@ class BudgetSearch:
             self._costs[key] = self.objective.cost.measure(
                 self._method(self.banks, units, index))
         return self._costs[key]
+
+    def judged_by(self, objective: ShiftObjective) -> BudgetSearch:
+        """The same search scoring ``objective`` (e.g. validation pairs) instead: the same
+        banks, control, dial and budget, and the same cost cache (a site's cost does not depend
+        on the pairs), with a history of its own."""
+        judge = replace(self, objective=objective, history=[], cost_probes=0)
+        judge._costs = self._costs
+        return judge
 
     def strongest(self, units: Units) -> int:
         """Index of the strongest dial setting within budget at ``units`` (-1: none)."""

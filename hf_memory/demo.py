@@ -100,15 +100,19 @@ def _persona_dir(name: str):
     return resources.files(__package__).joinpath("data", "personas", name)
 
 
+def _persona_json(name: str) -> dict:
+    import json
+
+    return json.loads(_persona_dir(name).joinpath("persona.json").read_text())
+
+
 def persona_spec(name: str) -> dict:
     """A shipped persona's ``persona.json`` (text, lexicon, and what :func:`build_persona`
     calibrated) with its calibration pairs (``pairs``)."""
-    import json
-
     from .pairs import read_pairs
 
     folder = _persona_dir(name)
-    spec = json.loads(folder.joinpath("persona.json").read_text())
+    spec = _persona_json(name)
     with _as_path(folder.joinpath("pairs.jsonl")) as path:
         spec["pairs"] = read_pairs(path)
     return spec
@@ -205,13 +209,8 @@ def _automatic_selector(model, persona: str):
 
 
 def _shipped_persona_name(persona: str) -> str | None:
-    import json
-
-    for name in SHIPPED_PERSONAS:
-        if persona in (name, json.loads(_persona_dir(name).joinpath("persona.json")
-                                        .read_text())["text"]):
-            return name
-    return None
+    return next((name for name in SHIPPED_PERSONAS
+                 if persona in (name, _persona_json(name)["text"])), None)
 
 
 @dataclass
@@ -266,7 +265,7 @@ def run_demo(
     shipped = _shipped_persona_name(persona)
     caa, lexicon, details = None, None, {}
     if shipped is not None and (layers is not None or selector is not None):
-        spec = persona_spec(shipped)
+        spec = _persona_json(shipped)
         persona, lexicon, shipped = spec["text"], spec.get("lexicon"), None
     if shipped is not None:
         bank_set, selector, caa, spec = shipped_persona(model, tokenizer, shipped)

@@ -34,11 +34,11 @@ from tqdm.auto import tqdm
 from .adapters import get_adapter
 from .atomic_files import write_json, write_safetensors, write_text
 from .bank_set import BankSet
-from .budget_search import DEFAULT_COST_BUDGET
 from .calibration import neutral_control
 from .capture import capture_outputs
 from .chat import chat_messages
 from .fingerprint import check_fingerprint, model_fingerprint
+from .site_search import DEFAULT_COST_BUDGET
 from .steering import steer
 
 __all__ = ["Selector", "SelectorFormatError", "alignment_margin", "pairs_digest", "select_sites",
@@ -421,7 +421,13 @@ class Selector:
                 check_weight("cost_budget", cost_budget)
             cost = cost if cost is not None else NeutralCost(model, tokenizer,
                                                              batch_size=batch_size)
-        objective = ShiftObjective(model, tokenizer, pairs, dict(drift_pairs or {}),
+        held = 0
+        if cost_budget is not None:  # the validation split: a budgeted search's alone
+            if not (isinstance(validation, int | float) and 0 <= validation < 1):
+                raise ValueError(f"validation must be a fraction in [0, 1), got {validation!r}")
+            held = int(len(pairs) * validation) if len(pairs) * validation >= 2 else 0
+        search_pairs, check_pairs = split_pairs(pairs, held)
+        objective = ShiftObjective(model, tokenizer, search_pairs, dict(drift_pairs or {}),
                                    drift_weight=drift_weight,
                                    uncertainty_weight=uncertainty_weight, batch_size=batch_size,
                                    cost=cost, cost_weight=cost_weight)
@@ -436,7 +442,7 @@ class Selector:
                                  control_banks=control_banks, strengths=strengths,
                                  dial_gains=dial_gains, unit_search=unit_search,
                                  top_layers=top_layers, layer_stride=layer_stride,
-                                 validation=validation, progress=progress)
+                                 check_pairs=check_pairs, progress=progress)
         budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
                   else max_evaluations)
         best, history = search_sites(objective, banks, candidates, top_layers=top_layers,
@@ -462,24 +468,15 @@ class Selector:
     @classmethod
     def _budgeted(cls, model, tokenizer, banks, pairs, drift_pairs, objective, candidates, *,
                   cost_budget, control_banks, strengths, dial_gains, unit_search, top_layers,
-                  layer_stride, validation, progress) -> Selector:
-        """:meth:`calibrate_behavioural` under a cost budget."""
+                  layer_stride, check_pairs, progress) -> Selector:
+        """:meth:`calibrate_behavioural` under a cost budget (``objective`` over the search
+        pairs; ``check_pairs``: the validation split, possibly empty)."""
         from .budget_search import DEFAULT_STRENGTHS, PROMPT_LIKE_GAINS, BudgetSearch
         from .site_search import ShiftObjective, SiteScore
 
         config = model.config
         if control_banks is not None:
             control_banks.check_model(model)
-        if not (isinstance(validation, int | float) and 0 <= validation < 1):
-            raise ValueError(f"validation must be a fraction in [0, 1), got {validation!r}")
-        held = int(len(pairs) * validation) if len(pairs) * validation >= 2 else 0
-        search_pairs, check_pairs = split_pairs(pairs, held)
-        if held:
-            objective = ShiftObjective(model, tokenizer, search_pairs, objective.drift_pairs,
-                                       drift_weight=objective.drift_weight,
-                                       uncertainty_weight=objective.uncertainty_weight,
-                                       batch_size=objective.batch_size, cost=objective.cost,
-                                       cost_weight=objective.cost_weight)
         grouped = config.num_key_value_heads < config.num_attention_heads
         unit_type = "kv_group" if grouped else "head"
         concatenated = not banks.size_normalize
@@ -495,7 +492,7 @@ class Selector:
                           unit_search=unit_search, layer_stride=layer_stride, progress=progress)
         singles = {h.layers[0]: h for h in search.history[:len(screened)]}
         checked = None
-        if held and best.units:
+        if check_pairs and best.units:
             best, checked = _prune_on_validation(search, best, ShiftObjective(
                 model, tokenizer, check_pairs, uncertainty_weight=objective.uncertainty_weight,
                 batch_size=objective.batch_size, cost=objective.cost), singles)
@@ -523,7 +520,7 @@ class Selector:
                     "within_budget": best.strength > 0,
                     "evaluations": objective.evaluations, "cost_probes": search.cost_probes,
                     "steered_heads": sum(len(u) for u in units.values()) * heads_per_unit,
-                    "num_pairs": len(pairs), "search_pairs": len(search_pairs),
+                    "num_pairs": len(pairs), "search_pairs": len(objective.pairs),
                     "validation": checked,
                     "drift_groups": sorted(drift_pairs or {}),
                     "pairs_sha256": pairs_digest(pairs, drift_pairs), "banks": banks.audit(),
@@ -620,10 +617,10 @@ def split_pairs(pairs: Sequence[tuple[str, str, str]], held: int
     k-th, so that kinds of pairs that alternate in the list land on both sides), the rest
     searched on; disjoint, deterministic."""
     pairs = list(pairs)
-    if not 0 <= held < len(pairs):
-        raise ValueError(f"cannot hold out {held} of {len(pairs)} pairs")
     if not held:
         return pairs, []
+    if not 0 < held < len(pairs):
+        raise ValueError(f"cannot hold out {held} of {len(pairs)} pairs")
     picked = {round((i + 0.5) * len(pairs) / held - 0.5) for i in range(held)}
     return ([p for i, p in enumerate(pairs) if i not in picked],
             [p for i, p in enumerate(pairs) if i in picked])
@@ -633,12 +630,8 @@ def _prune_on_validation(search, best, check, singles) -> tuple[Any, dict[str, A
     """Drop each chosen layer (weakest single first) whose removal does not lower the
     validation pairs' net movement; returns the kept configuration, re-scored on the search
     pairs at its strongest setting within budget, and the record of the check."""
-    from .budget_search import BudgetSearch
 
-    judge = BudgetSearch(check, search.banks, search.cost_budget, search.unit_type,
-                         search.num_units, control=search.control, strengths=search.strengths,
-                         base_gain=search.base_gain, gains=search.gains)
-    judge._costs = search._costs  # the same sites and settings cost the same
+    judge = search.judged_by(check)
     before = judge.score(dict(best.units))
     current, dropped = before, []
     order = sorted(best.layers, key=lambda layer: getattr(singles.get(layer), "score", 0.0))

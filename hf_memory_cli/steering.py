@@ -381,6 +381,23 @@ def _recipes(text: str) -> list[str]:
     return names
 
 
+def _text_arguments(parser: argparse.ArgumentParser, text_help: str) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help=text_help)
+    source.add_argument("--file", metavar="FILE", help="a UTF-8 text file to read it from")
+
+
+def _search_arguments(parser: argparse.ArgumentParser, *, top_layers: int) -> None:
+    """The budgeted search's knobs, the same for ``selector calibrate`` and ``persona``."""
+    parser.add_argument("--top-layers", type=positive_int, default=top_layers, metavar="M",
+                        help=f"layer budget (default: {top_layers})")
+    parser.add_argument("--cost-budget", type=non_negative, default=0.1, metavar="NATS",
+                        help="the most a configuration may cost, in nats per token of neutral "
+                             "text (default: 0.1)")
+    parser.add_argument("--layer-stride", type=positive_int, default=3, metavar="K",
+                        help="score every K-th candidate layer alone (default: 3)")
+
+
 def _pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=positive_int, default=24, metavar="N",
                         help="starter pairs: questions to ask (default: 24)")
@@ -399,9 +416,7 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
                     "values of its tokens at every layer (the demo's recipe). A folder that "
                     "already holds a bank set gets the new bank added (a bank with the same "
                     "name, or the same target/reference role, is replaced).")
-    source = build.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="the sentence, e.g. 'You talk like a pirate.'")
-    source.add_argument("--file", metavar="FILE", help="a UTF-8 text file to read it from")
+    _text_arguments(build, "the sentence, e.g. 'You talk like a pirate.'")
     build.add_argument("--role", choices=sorted(ROLES), default="target",
                        help="target (steer towards), reference (away from) or aux (default: "
                             "target)")
@@ -436,17 +451,11 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--pairs", metavar="FILE",
                            help="JSON lines of {prompt, target, reference}, at least 8")
     calibrate.add_argument("--out", required=True, metavar="DIR")
-    calibrate.add_argument("--top-layers", type=positive_int, default=5, metavar="M",
-                           help="layer budget (default: 5)")
-    calibrate.add_argument("--cost-budget", type=non_negative, default=0.1, metavar="NATS",
-                           help="the most a configuration may cost, in nats per token of "
-                                "neutral text (default: 0.1)")
+    _search_arguments(calibrate, top_layers=5)
     calibrate.add_argument("--no-budget", action="store_true",
                            help="the unbudgeted search (largest movement; may damage the model)")
     calibrate.add_argument("--candidate-layers", type=layer_spec, metavar="SPEC",
                            help="layers the search may pick (default: every layer)")
-    calibrate.add_argument("--layer-stride", type=positive_int, default=3, metavar="K",
-                           help="score every K-th candidate layer alone (default: 3)")
     _pair_arguments(calibrate)
     add_model_arguments(calibrate)
     calibrate.set_defaults(handler=_selector_calibrate)
@@ -459,9 +468,7 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
                     "each within the cost budget on the pairs (a third held out to drop sites "
                     "that do not hold), and keep the recipe that moves the held-out pairs "
                     "furthest. Without --pairs, starter pairs are written first.")
-    persona_source = persona.add_mutually_exclusive_group(required=True)
-    persona_source.add_argument("--text", help="the persona, e.g. 'I am always cheerful.'")
-    persona_source.add_argument("--file", metavar="FILE", help="a UTF-8 text file holding it")
+    _text_arguments(persona, "the persona, e.g. 'I am always cheerful.'")
     persona.add_argument("--pairs", metavar="FILE",
                          help="JSON lines of {prompt, target, reference}, at least 8 (~20 "
                               "recommended)")
@@ -471,13 +478,7 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
                          metavar="LIST",
                          help="comma-separated bank recipes to try (default: "
                               "prompt_like,exemplars; also descriptor)")
-    persona.add_argument("--top-layers", type=positive_int, default=6, metavar="M",
-                         help="layer budget (default: 6)")
-    persona.add_argument("--cost-budget", type=non_negative, default=0.1, metavar="NATS",
-                         help="the most the steering may cost, in nats per token of neutral "
-                              "text (default: 0.1)")
-    persona.add_argument("--layer-stride", type=positive_int, default=3, metavar="K",
-                         help="score every K-th layer alone (default: 3)")
+    _search_arguments(persona, top_layers=6)
     _pair_arguments(persona)
     add_model_arguments(persona)
     persona.set_defaults(handler=_persona)
