@@ -1,6 +1,6 @@
 """Where a steered decode step's time goes on a CUDA GPU: kernels launched and GPU busy time.
 
-For two serving shapes of ``gpu_mi_generate.py`` (SmolLM2-135M shape at batch 1 / prompt 64:
+For two serving shapes of ``mi_serving_shapes.py`` (SmolLM2-135M shape at batch 1 / prompt 64:
 launch-bound; Llama-1B shape at batch 32 / prompt 2,048: memory-bound), one decode step of
 the bf16 model, plain and steered (2 x 24 slots at five layers):
 
@@ -22,10 +22,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from benchmarks.gpu_mi_generate import CUDA, banks_for, build
+from benchmarks.mi_serving_shapes import banks_for, build
 from hf_memory import steer
 from hf_memory.transformers_compat import cache_kwargs
 
+CUDA = torch.device("cuda")
 SHAPES = [("smollm2-135m", 1, 64), ("llama-1b", 32, 2048)]
 
 
@@ -71,21 +72,23 @@ def main() -> None:
         sys.exit("gpu_mi_profile.py needs a CUDA device")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; one decode step, bf16")
     for name, batch, prompt in SHAPES:
-        model = build(name)
+        model = build(name, CUDA, torch.bfloat16)
         banks = banks_for(model)
         ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=CUDA)
         with torch.inference_mode():
             plain_n, plain_gpu = kernels(model, ids)
             step_ms(model, ids, args.steps)  # warm-up: the GPU's clocks rise from idle
             plain_ms = step_ms(model, ids, args.steps)
-            with steer(model, banks):
-                steered_n, steered_gpu = kernels(model, ids)
-                steered_ms = step_ms(model, ids, args.steps)
+            steered = {}
+            for path in ("reference", "auto"):
+                with steer(model, banks, mixture_path=path):
+                    steered[path] = (*kernels(model, ids), step_ms(model, ids, args.steps))
         print(f"{name} batch {batch} prompt {prompt}:")
         print(f"  plain    {plain_ms:7.2f} ms/step, {plain_n:5d} kernels, GPU busy "
               f"{plain_gpu:6.2f} ms")
-        print(f"  steered  {steered_ms:7.2f} ms/step, {steered_n:5d} kernels, GPU busy "
-              f"{steered_gpu:6.2f} ms  (ratio {plain_ms / steered_ms:.2f}x)", flush=True)
+        for path, (steered_n, steered_gpu, steered_ms) in steered.items():
+            print(f"  {path:9}{steered_ms:7.2f} ms/step, {steered_n:5d} kernels, GPU busy "
+                  f"{steered_gpu:6.2f} ms  (ratio {plain_ms / steered_ms:.2f}x)", flush=True)
         del model, banks
         torch.cuda.empty_cache()
 

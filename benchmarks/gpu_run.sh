@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one command (a lent GPU machine has no network and little time):
 #   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
-#   benchmarks/gpu_asm.py, gpu_mi_generate.py and training_steps.py --device cuda.
+#   benchmarks/gpu_asm.py, mi_serving_shapes.py and training_steps.py --device cuda.
 #   ASM_SECTIONS=decode, SKIP_MI=1, SKIP_TRAINING=1, SKIP_PROFILE=1, SKIP_FLA=1 run less.
 # Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
 # needs, flash-linear-attention as an outside anchor); one that does not import there is
@@ -38,7 +38,7 @@ step 170 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --
     --junitxml="$OUT/gpu_tests.xml"
 step 150 gpu_asm python3 benchmarks/gpu_asm.py --sections "${ASM_SECTIONS:-layer,model,decode}" \
     --json "$OUT/gpu_asm.jsonl"
-[ "${SKIP_MI:-0}" = 1 ] || step 150 gpu_mi python3 benchmarks/gpu_mi_generate.py --json "$OUT/gpu_mi.jsonl"
+[ "${SKIP_MI:-0}" = 1 ] || step 150 gpu_mi python3 benchmarks/mi_serving_shapes.py --device cuda --json "$OUT/gpu_mi.jsonl"
 [ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda
 [ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
 [ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 benchmarks/gpu_asm.py --sections fla --json "$OUT/gpu_asm_fla.jsonl"

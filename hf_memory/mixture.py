@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BankStack", "PreparedBank", "bank_mixture", "bank_mixture_over", "toward",
-           "visible_keys"]
+__all__ = ["BankStack", "PreparedBank", "bank_mixture", "bank_mixture_by_lse",
+           "bank_mixture_over", "toward", "visible_keys"]
 
 
 @dataclass(frozen=True)
@@ -349,3 +349,69 @@ def bank_mixture_over(
                           weights[..., span:], stack.values, alpha=strength)
     return mixed.view(kv_heads, b, heads // kv_heads, t, d).transpose(0, 1).reshape(b, heads,
                                                                                     t, d)
+
+
+def bank_mixture_by_lse(
+    history: torch.Tensor,
+    lse: torch.Tensor,
+    q_pre: torch.Tensor,
+    q_post: torch.Tensor,
+    stack: BankStack,
+    *,
+    kv_index: torch.Tensor,
+    scaling: float,
+    log_count: torch.Tensor | float = 0.0,
+    gamma: float = 1.0,
+    size_normalize: bool = True,
+    strength: float = 1.0,
+) -> torch.Tensor:
+    """:func:`bank_mixture`'s output from the stock attention's output over the history and its
+    log-sum-exp, without touching the history's keys or values again.
+
+    The mixture is one softmax over [history scores − log T_t ; slot logits]; the history's part
+    of it enters as one column of logit ``lse − log T_t`` (its total evidence) and value
+    ``history`` (its softmax read), so a steered layer costs the stock attention plus products
+    with the bank slots, independent of the context length. Moved the fraction ``strength`` of
+    the way from ``history`` as :func:`bank_mixture_over` does.
+
+    Args:
+        history: the stock attention's output ``[B, Hs, T, D]`` for the steered query heads, in
+            the model's dtype.
+        lse: the log-sum-exp of the history's scaled scores ``[B, Hs, T]``, −inf for a query row
+            that sees no key (it reads the banks only).
+        q_pre, q_post: pre- and post-RoPE queries ``[B, Hs, T, D]`` of those heads.
+        stack: the banks at this layer (KV-head major, ``[KVH, M, D]``).
+        kv_index: ``[Hs]`` the KV head of each steered query head (heads by indexing: the slot
+            keys of a head's KV group are gathered, a few dozen rows each).
+        log_count: log T_t, the log of each row's count of visible keys, broadcastable to
+            ``[B, Hs, T]`` (used when ``size_normalize``).
+        gamma, size_normalize: as in :func:`bank_mixture` (no soft-cap: callers with one use
+            :func:`bank_mixture` or :func:`bank_mixture_over`).
+
+    Returns:
+        ``[B, Hs, T, D]`` in the banks' compute dtype.
+    """
+    b, heads, t, d = q_post.shape
+    dtype = stack.keys.dtype
+    slot_keys = stack.keys[kv_index].transpose(-1, -2)  # [Hs, D, M]
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, Hs, T, ·] → [Hs, B·T, ·]
+        return x.to(dtype).transpose(0, 1).reshape(heads, b * t, x.shape[-1])
+
+    if stack.post_columns is None and stack.gate is None:
+        slots = torch.baddbmm(stack.bias, rows(q_pre), slot_keys, alpha=scaling)  # one kernel
+    else:
+        raw = _by_rotation(lambda: torch.bmm(rows(q_pre), slot_keys) * scaling,
+                           lambda: torch.bmm(rows(q_post), slot_keys) * scaling,
+                           stack.post_columns)
+        slots = _gated(raw, stack, gamma)
+    evidence = lse.to(dtype)
+    if size_normalize:
+        evidence = evidence - log_count
+    evidence = evidence.expand(b, heads, t).transpose(0, 1).reshape(heads, b * t, 1)
+    weights = torch.softmax(torch.cat([evidence, slots], -1), -1)
+    mass = weights[..., :1]
+    keep = mass if strength == 1.0 else mass * strength + (1 - strength)
+    mixed = torch.baddbmm(keep * rows(history), weights[..., 1:], stack.values[kv_index],
+                          alpha=strength)
+    return mixed.view(heads, b, t, d).transpose(0, 1)

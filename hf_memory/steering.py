@@ -37,8 +37,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .adapters import get_adapter
 from .bank_set import BankSet
 from .banks import MemoryBank
-from .mixture import BankStack, bank_mixture, toward, visible_keys
+from .mixture import BankStack, bank_mixture, bank_mixture_by_lse, toward, visible_keys
 from .site_plan import plan_sites
+from .stock_attention import attention_with_lse, lse_kernel_available
 from .transformers_compat import cache_from_kwargs
 
 __all__ = ["RowSteering", "SteeringHandle", "is_per_row", "steer", "steered_generate"]
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 BASE_IMPLEMENTATIONS = ("sdpa", "eager")
 IMPL_PREFIX = "hf_memory_"
+MIXTURE_PATHS = ("auto", "reference")
 
 
 @dataclass
@@ -62,6 +64,7 @@ class SiteState:
     record_routing: bool = False
     trace_only: bool = False
     strength: float = 1.0
+    path: str = "auto"
 
 
 def _base_attention(name: str, module: nn.Module):
@@ -94,6 +97,49 @@ def check_strength(strength: Any) -> float:
 _ACTIVE: ContextVar[SteeringHandle | None] = ContextVar("hf_memory_steering", default=None)
 
 
+def _by_lse(site: SiteState, base_name: str, query: torch.Tensor, dropout: float,
+            kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``site`` merges its banks into the stock kernel's output by log-sum-exp (the
+    model's SDPA attention with no soft-cap, sinks or position bias, a kernel that returns the
+    log-sum-exp for this device and dtype, and no routing to record); else the history is
+    recomputed beside the stock call (:func:`bank_mixture`)."""
+    return (site.path == "auto" and base_name == "sdpa" and not dropout
+            and not site.record_routing and not site.trace_only
+            and not any(kwargs.get(name) is not None
+                        for name in ("softcap", "s_aux", "sinks", "position_bias"))
+            and lse_kernel_available(query))
+
+
+def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
+                  scaling: float, heads: torch.Tensor | None) -> torch.Tensor:
+    """The steered output ``[B, Hs, T, D]`` of the query heads ``heads`` (None: all) from the
+    stock kernel's attention over the history and its log-sum-exp (no copy of the cache in
+    float32: only the bank slots are scored in the compute dtype)."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal_skip = attention_mask is None and q_len in (1, kv_len)
+    visible = None if causal_skip else visible_keys(attention_mask, q_len, kv_len, query.device)
+    group = query.shape[1] // key.shape[1]
+    if heads is None:
+        kv_index = torch.arange(query.shape[1], device=query.device) // group
+    else:
+        kv_index = heads // group
+        q_pre, query = q_pre[:, heads], query[:, heads]
+        if visible is not None and visible.shape[1] != 1:
+            visible = visible[:, heads]
+    history, lse = attention_with_lse(query, key, value, visible, scaling=scaling,
+                                      kv_index=None if heads is None else kv_index)
+    if not site.size_normalize:
+        log_count = 0.0
+    elif visible is None:  # causal: row i of a prefill sees i + 1 keys, a decoded token all
+        count = torch.arange(kv_len - q_len + 1, kv_len + 1, device=query.device)
+        log_count = count.to(site.stack.keys.dtype).log()
+    else:
+        log_count = visible.sum(-1).clamp(min=1).to(site.stack.keys.dtype).log()
+    return bank_mixture_by_lse(history, lse, q_pre, query, site.stack, kv_index=kv_index,
+                               scaling=scaling, log_count=log_count, gamma=site.gamma,
+                               size_normalize=site.size_normalize, strength=site.strength)
+
+
 def _steered_attention(base_name: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
@@ -106,9 +152,26 @@ def _steered_attention(base_name: str):
         q_pre = handle._take_query(module)
         if q_pre is None:
             raise RuntimeError("steered attention ran without its pre-RoPE query hook")
-        visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
         scaling = module.scaling if scaling is None else scaling
         (rows, site), *others = groups
+        if all(_by_lse(site, base_name, query, dropout, kwargs) for _, site in groups):
+            if rows is None and not others and site.all_heads:  # one call, no stock call
+                mixed = _mixed_by_lse(q_pre, query, key, value, attention_mask, site,
+                                      scaling, None)
+                return mixed.transpose(1, 2).to(query.dtype), None
+            output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
+                                   dropout=dropout, **kwargs)
+            for rows, site in groups:
+                part = slice(None) if rows is None else rows
+                mask = (attention_mask if attention_mask is None or attention_mask.shape[0] == 1
+                        else attention_mask[part])
+                mixed = _mixed_by_lse(q_pre[part], query[part], key[part], value[part],
+                                      mask, site, scaling, site.heads)
+                steered = output[part]
+                steered[:, :, site.heads] = mixed.transpose(1, 2).to(output.dtype)
+                output[part] = steered
+            return output, weights
+        visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
         if rows is not None or others:  # per-row banks: each group of rows under its own
             output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                    dropout=dropout, **kwargs)
@@ -286,6 +349,12 @@ class SteeringHandle(_CallSteering):
             full mixture, the default). Unlike the gain ρ, whose zero still gives the banks
             attention mass, its zero removes them. :meth:`set_strength` turns it later. With a
             selector, the dial scales the selector's own calibrated strength (1: as calibrated).
+        mixture_path: ``"auto"`` (default) merges the banks into the model's own attention
+            kernel's output through its log-sum-exp where such a kernel exists for the device
+            and dtype (:mod:`hf_memory.stock_attention`; SDPA models without soft-caps or
+            sinks); ``"reference"`` always recomputes the history's scores beside it in the
+            compute dtype (:func:`hf_memory.mixture.bank_mixture`). Both give the same mixture
+            up to rounding.
         active: activate the steering in the calling context now (default).
     """
 
@@ -303,9 +372,13 @@ class SteeringHandle(_CallSteering):
         size_normalize: bool | None = None,
         trace_only: bool = False,
         strength: float = 1.0,
+        mixture_path: str = "auto",
         active: bool = True,
     ) -> None:
+        if mixture_path not in MIXTURE_PATHS:
+            raise ValueError(f"mixture_path must be one of {MIXTURE_PATHS}, got {mixture_path!r}")
         self.model = model
+        self._mixture_path = mixture_path
         self.strength = check_strength(strength)
         self._calibrated_strength = 1.0 if selector is None else check_strength(
             getattr(selector, "strength", 1.0))
@@ -351,7 +424,7 @@ class SteeringHandle(_CallSteering):
             stack=plan.stack, all_heads=len(plan.heads) == self._heads,
             gamma=plan.gamma, size_normalize=plan.size_normalize,
             record_routing=self._record_routing, trace_only=self._trace_only,
-            strength=self._site_strength)
+            strength=self._site_strength, path=self._mixture_path)
             for layer, plan in plans.items()}
         self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
         self._publish(sites)

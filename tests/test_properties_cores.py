@@ -36,6 +36,7 @@ from hf_memory.mixture import (
     BankStack,
     PreparedBank,
     bank_mixture,
+    bank_mixture_by_lse,
     bank_mixture_over,
     toward,
     visible_keys,
@@ -339,6 +340,41 @@ def test_mixture_over_the_stock_history_output_equals_the_bank_level_mixture(cas
     assert torch.isfinite(out).all()
     tol = compute_tolerance(compute, peak)
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+
+
+@PROPERTY
+@given(case=mixture_cases(masked_rows=True), compute=st.sampled_from([torch.float32,
+                                                                      torch.float64]),
+       strength=st.sampled_from([1.0, 0.35]))
+@example(case=EXTREME, compute=torch.float64, strength=1.0)
+@example(case=EXTREME, compute=torch.float32, strength=0.35)
+def test_mixture_by_the_history_lse_equals_the_bank_level_mixture(case, compute, strength):
+    """``bank_mixture_by_lse`` — the history entered as its attention output and the log-sum-exp
+    of its scores, per query head (KV heads by index) — equals the float64 bank-level mixture,
+    moved ``strength`` of the way from the history, on every case above (fully masked rows read
+    the banks only)."""
+    inputs = build_mixture(case)
+    expected, _, peak = reference_mixture(rounded(inputs, compute), case)
+    history = history_attention(rounded(inputs, compute))
+    q, key = inputs["q_post"].to(compute).double(), inputs["key"].to(compute).double()
+    group = case["heads"] // case["kv_heads"]
+    scores = q @ key.repeat_interleave(group, 1).transpose(-1, -2) * inputs["scaling"]
+    visible = inputs["visible"]
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+        log_count = visible.sum(-1).clamp(min=1).double().log().to(compute)
+    else:
+        log_count = torch.tensor(float(key.shape[2])).log().to(compute)
+    out = bank_mixture_by_lse(
+        history.to(compute), torch.logsumexp(scores, -1).to(compute),
+        inputs["q_pre"].to(compute), inputs["q_post"].to(compute),
+        stack_of(inputs, case, compute), kv_index=torch.arange(case["heads"]) // group,
+        scaling=inputs["scaling"], log_count=log_count, gamma=case["gamma"],
+        size_normalize=case["size_normalize"], strength=strength)
+    assert out.dtype == compute and torch.isfinite(out).all()
+    want = toward(history, expected, strength)
+    tol = compute_tolerance(compute, peak)
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("softcap", [None, 0.5, 5.0])

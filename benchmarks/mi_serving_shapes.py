@@ -1,0 +1,174 @@
+"""Memory inception at serving shapes: steered vs plain ``generate()``, CPU or CUDA GPU.
+
+Speed does not depend on the weights, so the models are randomly initialised from configs built
+here: the embedded SmolLM2-135M's shape, a Llama-3.2-1B shape and a Qwen3-MoE shape (or the
+embedded model itself, ``embedded``). Each is steered by a target and a reference bank of 24
+slots at five layers (the size of a shipped selector's sites), built with
+``MemoryBank.from_tensors``. For each batch and prompt length: greedy ``generate()`` of the new
+tokens, plain and steered by each mixture path alternating (``auto``: the banks merged into the
+stock kernel's output by its log-sum-exp where the device has such a kernel; ``reference``: the
+history recomputed beside the stock call, the path before it), median of the repeats after a
+warm-up round; tokens/s and the steered / plain ratio, and the same for the prefill alone
+(1 new token) and for the decoding steps (the difference).
+
+Usage: python benchmarks/mi_serving_shapes.py [--device cpu|cuda] [--models ...]
+       [--batches 1 8 32] [--prompts 64 2048] [--json FILE] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from hf_memory import BankSet, MemoryBank, load_default_model, steer
+
+PATHS = ("reference", "auto")
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    rope_theta=100000.0, tie_word_embeddings=True, max_position_embeddings=8192)
+LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=64, rope_theta=500000.0, tie_word_embeddings=True,
+                max_position_embeddings=8192)
+QWEN3_MOE = dict(vocab_size=151936, hidden_size=1024, num_hidden_layers=12,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=64, num_experts=64,
+                 num_experts_per_tok=8, moe_intermediate_size=256, intermediate_size=3072,
+                 decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=8192)
+MODELS = {
+    "smollm2-135m": (LlamaConfig, LlamaForCausalLM, SMOLLM2_135M),
+    "llama-1b": (LlamaConfig, LlamaForCausalLM, LLAMA_1B),
+    "qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, QWEN3_MOE),
+    "embedded": None,  # the embedded SmolLM2-135M-Instruct itself
+}
+
+
+def build(name: str, device: torch.device, dtype: torch.dtype):
+    if MODELS[name] is None:
+        model, _ = load_default_model()
+        model = model.to(device=device, dtype=dtype).eval()
+    else:
+        config_class, model_class, shape = MODELS[name]
+        torch.manual_seed(0)
+        with device:
+            model = model_class(config_class(**shape, pad_token_id=0)).to(dtype).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def banks_for(model, slots: int = 24, sites: int = 5) -> BankSet:
+    device, dtype = model.device, model.dtype
+    config = model.config
+    layers = sorted({round(i * (config.num_hidden_layers - 1) / (sites - 1))
+                     for i in range(sites)})
+    head_dim = (getattr(config, "head_dim", None)
+                or config.hidden_size // config.num_attention_heads)
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (len(layers), config.num_key_value_heads, slots, head_dim)
+    made = [MemoryBank.from_tensors(
+        torch.randn(shape, generator=gen, device=device).to(dtype),
+        torch.randn(shape, generator=gen, device=device).to(dtype),
+        name=role, role=role, layers=layers, gain=1.0) for role in ("target", "reference")]
+    return BankSet(made, model=model)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def generate_seconds(model, ids: torch.Tensor, new_tokens: int) -> float:
+    synchronize(ids.device)
+    start = time.perf_counter()
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                   min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    synchronize(ids.device)
+    return time.perf_counter() - start
+
+
+def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
+            repeats: int) -> dict:
+    ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=model.device)
+    labels = ("plain",) + PATHS
+    times: dict[str, list[float]] = {label + n: [] for label in labels for n in ("", "_1")}
+    with torch.inference_mode():
+        for repeat in range(repeats + 1):  # the first round warms up
+            for suffix, n in (("", new_tokens), ("_1", 1)):
+                for label in labels:
+                    if label == "plain":
+                        seconds = generate_seconds(model, ids, n)
+                    else:
+                        with steer(model, banks, mixture_path=label):
+                            seconds = generate_seconds(model, ids, n)
+                    if repeat:
+                        times[label + suffix].append(seconds)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    row = {"batch": batch, "prompt": prompt, "new_tokens": new_tokens,
+           "plain_tok_s": batch * new_tokens / median["plain"]}
+    for path in PATHS:
+        row[path] = {
+            "tok_s": batch * new_tokens / median[path],
+            "ratio": median["plain"] / median[path],
+            "prefill_ratio": median["plain_1"] / median[path + "_1"],
+            "decode_ratio": (median["plain"] - median["plain_1"])
+            / (median[path] - median[path + "_1"])}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write every measurement here (JSON lines)")
+    parser.add_argument("--quick", action="store_true", help="a small grid, to check the script")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
+                        help="default: bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS),
+                        default=["smollm2-135m", "llama-1b", "qwen3-moe"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--prompts", nargs="+", type=int, default=[64, 2048])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    batches, prompts = ([1, 2], [16]) if args.quick else (args.batches, args.prompts)
+    where = (torch.cuda.get_device_name() if device.type == "cuda"
+             else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+                  "threads")
+    print(f"# {where}, torch {torch.__version__}; greedy generate() of {args.new_tokens} new "
+          f"tokens, {dtype}, banks 2 x 24 slots at 5 layers; ratios steered / plain, "
+          "reference path (before) | auto path", flush=True)
+    print(f"{'model':>13} {'B':>3} {'prompt':>6} {'plain tok/s':>12} {'ratio':>13} "
+          f"{'prefill':>13} {'decode':>13}")
+    rows = []
+    try:
+        for name in args.models:
+            model = build(name, device, dtype)
+            banks = banks_for(model)
+            for prompt in prompts:
+                for batch in batches:
+                    row = {"model": name, "device": where, "dtype": str(dtype),
+                           **measure(model, banks, batch, prompt, args.new_tokens,
+                                     args.repeats)}
+                    rows.append(row)
+                    ref, auto = row["reference"], row["auto"]
+                    print(f"{name:>13} {batch:>3} {prompt:>6} {row['plain_tok_s']:>12,.1f} "
+                          + " ".join(f"{ref[k]:>5.2f}|{auto[k]:>5.2f}x"
+                                     for k in ("ratio", "prefill_ratio", "decode_ratio")),
+                          flush=True)
+            del model, banks
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        if args.json:
+            with open(args.json, "w") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+if __name__ == "__main__":
+    main()
