@@ -55,6 +55,7 @@ def _model(args: argparse.Namespace, tokenizer):
 
 def _train(args: argparse.Namespace) -> None:
     import torch
+    from accelerate import PartialState
 
     from modeling.asm.corpus_asm import pack_blocks
     from modeling.asm.training_asm import LMTrainConfig, train_lm
@@ -73,7 +74,8 @@ def _train(args: argparse.Namespace) -> None:
         validation = pack_blocks(corpus["validation"]["text"], tokenizer, args.block_size)
         torch.manual_seed(args.seed)
         model = _model(args, tokenizer)
-        if args.tokenizer is None:  # written once everything above has been checked
+        if args.tokenizer is None and PartialState().is_main_process:
+            # written once everything above has been checked, by one process of a launch
             tokenizer.save_pretrained(Path(args.out) / "tokenizer")
         log = train_lm(model, train, validation, train_config, out=args.out,
                        tokenizer=tokenizer, resume=not args.no_resume)

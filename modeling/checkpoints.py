@@ -32,31 +32,58 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def save_pretrained_atomically(model: Any, directory: Path,
-                               add_files: Callable[[Path], None] | None = None) -> Path:
+                               add_files: Callable[[Path], None] | None = None, *,
+                               accelerator: Any = None) -> Path:
     """``model.save_pretrained`` (and ``add_files(folder)``, e.g. a model card) into a staging
     sibling of ``directory``, then swap it in.
 
     The old folder, if any, is moved aside first and deleted only once the new one is in place;
     staging folders left by a killed save are removed by the next save to the same place.
+
+    With an ``accelerate.Accelerator`` of several processes, every process calls this: the main
+    process writes the weights into one staging folder, every process then runs ``add_files``
+    there (``accelerator.save_state`` writes each process's RNG state; write files only one
+    process should write under ``accelerator.is_main_process``), and the main process swaps it
+    in; the processes wait for each other between these steps.
     """
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
+    many = accelerator is not None and accelerator.num_processes > 1
+    main = accelerator is None or accelerator.is_main_process
     prefix = f".{directory.name}."
-    for stale in directory.parent.glob(f"{prefix}*.partial"):
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=directory.parent))
+    shared = directory.parent / f"{prefix}staging.partial"  # known to every process
+
+    def barrier() -> None:
+        if many:
+            accelerator.wait_for_everyone()
+
+    barrier()
+    if main:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        for stale in directory.parent.glob(f"{prefix}*.partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if many:
+            shared.mkdir()
+        staging = shared if many else Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial",
+                                                             dir=directory.parent))
+    else:
+        staging = shared
     try:
-        model.save_pretrained(staging)
+        if main:
+            model.save_pretrained(staging)
+        barrier()
         if add_files is not None:
             add_files(staging)
-        if directory.exists():
+        barrier()
+        if main and directory.exists():
             retired = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial",
                                             dir=directory.parent))
             os.replace(directory, retired / directory.name)
             os.replace(staging, directory)
             shutil.rmtree(retired, ignore_errors=True)
-        else:
+        elif main:
             os.replace(staging, directory)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+    barrier()
     return directory

@@ -219,6 +219,12 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
     torch.manual_seed(config.seed)
     data = _tensors(train_dataset, model.config.seq_len)
     accelerator = Accelerator(cpu=config.cpu, mixed_precision=config.mixed_precision)
+    if accelerator.num_processes > 1:
+        raise NotImplementedError(
+            f"train_air runs in one process; this launch has {accelerator.num_processes}. Its "
+            "carry (each batch row's recurrent state, replaced when the row halts) is not yet "
+            "sharded across processes, so every process would train the same rows. Launch one "
+            "process.")
     optimizer = AdamATan2(model.parameters(), lr=config.lr, betas=config.betas,
                           weight_decay=config.weight_decay, a=config.atan2_a, b=config.atan2_b)
     scheduler = make_scheduler(optimizer, config.warmup_steps, max(config.steps,

@@ -3,7 +3,11 @@
 AdamW (weight decay on matrices and embeddings only), linear warmup then cosine decay to
 ``min_lr_ratio`` x ``lr``, gradient clipping, bf16 autocast where the accelerator has it
 (``mixed_precision="auto"``), validation perplexity every ``eval_every`` steps. ``accelerate``
-places model and batches, so the same call runs under ``accelerate launch`` on several GPUs.
+places model and batches, so the same call runs under ``accelerate launch`` in several processes
+(data parallel): ``batch_size`` is the global batch, each process trains on its equal share of
+it (gradients averaged across processes, so a step equals the one-process step on the whole
+batch up to float summation order), the logged loss is the mean over processes, and only the
+main process writes logs and models.
 
 Batches are a pure function of the step: epoch ``e`` visits the blocks in the order of
 ``torch.randperm(N, generator=seed + e)``, so two models trained with one seed see the same tokens
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
 
 from ..checkpoints import save_pretrained_atomically, write_json
 
@@ -163,7 +167,8 @@ def train_lm(model, train_blocks: torch.Tensor, val_blocks: torch.Tensor | None 
 
     Raises:
         ValueError: blocks that are not 2-D int64 with at least 2 positions, token ids outside
-            the model's vocabulary, or a checkpoint written under another config.
+            the model's vocabulary, a checkpoint written under another config, or a batch size
+            that the processes of an ``accelerate launch`` cannot share equally.
         FloatingPointError: the training loss became NaN or infinite.
     """
     config = config or LMTrainConfig()
@@ -178,8 +183,17 @@ def train_lm(model, train_blocks: torch.Tensor, val_blocks: torch.Tensor | None 
             raise ValueError(f"{name} holds token ids outside [0, {model.config.vocab_size}) "
                              "(a tokenizer that does not match the model's vocab_size?)")
     order = batch_order(train_blocks.shape[0], config.batch_size, config.seed)
+    # split_batches: batch_size is the global batch, so the scheduler steps once per step
+    # (accelerate otherwise steps it once per process, assuming per-process batches)
     accelerator = Accelerator(cpu=config.cpu,
-                              mixed_precision=_precision(config.mixed_precision, config.cpu))
+                              mixed_precision=_precision(config.mixed_precision, config.cpu),
+                              dataloader_config=DataLoaderConfiguration(split_batches=True))
+    world, rank, main = (accelerator.num_processes, accelerator.process_index,
+                         accelerator.is_main_process)
+    if config.batch_size % world:
+        raise ValueError(f"LMTrainConfig.batch_size {config.batch_size} is the global batch and "
+                         f"must be a multiple of the {world} processes (each trains on an equal "
+                         "share)")
     torch.manual_seed(config.seed)
     optimizer = _optimizer(model, config)
     scheduler = _schedule(optimizer, config)
@@ -196,7 +210,7 @@ def train_lm(model, train_blocks: torch.Tensor, val_blocks: torch.Tensor | None 
         "history": []}
     first_step, elapsed = 1, 0.0
     checkpoint = out_dir / "checkpoint" if out_dir is not None else None
-    if out_dir is not None:
+    if out_dir is not None and main:
         out_dir.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None and resume and (checkpoint / "trainer_log.json").is_file():
         saved = json.loads((checkpoint / "trainer_log.json").read_text())
@@ -216,26 +230,30 @@ def train_lm(model, train_blocks: torch.Tensor, val_blocks: torch.Tensor | None 
 
         def add_state(folder: Path) -> None:
             accelerator.save_state(str(folder / "state"), safe_serialization=True)
-            write_json(folder / "trainer_log.json", log)
+            if main:
+                write_json(folder / "trainer_log.json", log)
 
-        save_pretrained_atomically(bare, checkpoint, add_files=add_state)
-        write_json(out_dir / "log.json", log)
+        save_pretrained_atomically(bare, checkpoint, add_files=add_state,
+                                   accelerator=accelerator)
+        if main:
+            write_json(out_dir / "log.json", log)
 
     start = time.perf_counter()
     bar = None
-    if tqdm is not None and config.progress:
+    if tqdm is not None and config.progress and main:
         bar = tqdm(total=config.steps, initial=first_step - 1, desc=f"train {type(bare).__name__}")
     running, since = 0.0, 0
     model.train()
     for step in range(first_step, config.steps + 1):
-        batch = train_blocks[next(order)].to(accelerator.device)
+        share = next(order).view(world, -1)[rank]  # this process's part of the global batch
+        batch = train_blocks[share].to(accelerator.device)
         loss = model(input_ids=batch, labels=batch, use_cache=False).loss
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        value = float(loss.detach())
+        value = float(accelerator.reduce(loss.detach(), reduction="mean"))
         if not math.isfinite(value):
             raise FloatingPointError(f"the training loss became {value} at step {step}; lower "
                                      "the learning rate")
@@ -262,7 +280,12 @@ def train_lm(model, train_blocks: torch.Tensor, val_blocks: torch.Tensor | None 
         bar.close()
     log["final"] = log["history"][-1] if log["history"] else None
     if out_dir is not None:
-        add = None if tokenizer is None else tokenizer.save_pretrained
-        save_pretrained_atomically(bare, out_dir / "final", add_files=add)
-        write_json(out_dir / "log.json", log)
+        def add(folder: Path) -> None:
+            if tokenizer is not None and main:
+                tokenizer.save_pretrained(folder)
+
+        save_pretrained_atomically(bare, out_dir / "final", add_files=add,
+                                   accelerator=accelerator)
+        if main:
+            write_json(out_dir / "log.json", log)
     return log
