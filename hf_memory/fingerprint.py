@@ -65,8 +65,13 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
 def compare_fingerprints(expected: dict[str, Any], actual: dict[str, Any], what: str, *,
                          ignore: tuple[str, ...] = ()) -> None:
     """Raise if ``actual`` differs from ``expected`` in anything but dtype (which only warns)
-    and the ``ignore``d keys."""
+    and the ``ignore``d keys. The name is compared only where the weight digests are missing or
+    differ: a local copy of the same checkpoint (a path where the artifact recorded a Hub id, as
+    lm-eval's ``pretrained=DIR`` loads it) is the same model."""
     skipped = {"dtype", *ignore}
+    if expected.get("weights_digest") and expected["weights_digest"] == actual.get(
+            "weights_digest"):
+        skipped.add("name_or_path")
     differing = sorted(k for k in expected if k not in skipped and expected[k] != actual.get(k))
     if differing:
         details = "; ".join(f"{k}: artifact {expected[k]!r}, model {actual.get(k)!r}"

@@ -83,6 +83,19 @@ def test_a_different_model_is_refused(bank_set, tmp_path):
         steer(tiny_model("llama", seed=1), bank_set)
 
 
+def test_the_same_weights_under_another_name_are_the_same_model(bank_set, tmp_path):
+    """A local copy of the checkpoint (a path where the artifact recorded a Hub id) loads; a
+    different name with different weights is still refused, and names the weights."""
+    bank_set.save_pretrained(tmp_path)
+    copy = tiny_model("llama")
+    copy.config.name_or_path = "/some/local/snapshot"
+    assert BankSet.from_pretrained(tmp_path, model=copy).fingerprint == bank_set.fingerprint
+    other = tiny_model("llama", seed=1)
+    other.config.name_or_path = "/some/local/snapshot"
+    with pytest.raises(FingerprintMismatchError, match="weights_digest"):
+        BankSet.from_pretrained(tmp_path, model=other)
+
+
 def test_a_dtype_change_only_warns(bank_set, tmp_path):
     bank_set.save_pretrained(tmp_path)
     with pytest.warns(UserWarning, match="made in float64"):

@@ -10,6 +10,9 @@ One steering per model object, chosen at construction (lm-eval's ``--model_args`
   the chat template, otherwise before every request's context (``TEXT\\n\\n``);
 - nothing: the plain model, identical to lm-eval's ``hf``.
 
+Under ``accelerate launch`` (``-m eval_harness.lm_eval_model``, ``pretrained`` a path) the
+documents are split across the processes, on GPUs as lm-eval does and on CPUs too.
+
 Banks, selectors and vectors are checked against the model's fingerprint when loaded. Steering
 is held around each of lm-eval's forward calls (``_model_call``, ``_model_generate``), so
 ``loglikelihood``, ``loglikelihood_rolling`` and ``generate_until`` keep lm-eval's own batching,
@@ -60,6 +63,11 @@ class HFMemoryLM(HFLM):
         if _given(scale) and not _given(caa):
             raise ValueError("scale is the CAA vectors' strength: give caa with it")
         super().__init__(pretrained=pretrained, **kwargs)
+        launch = getattr(self, "accelerator", None)  # set by HFLM under a multi-process launch
+        if launch is not None and launch.num_processes > 1 and self._world_size == 1:
+            # HFLM shards the requests across an ``accelerate launch``'s processes only when it
+            # counts several GPUs; without GPUs (gloo) each process would score every document.
+            self._rank, self._world_size = launch.process_index, launch.num_processes
         self.banks = self.selector = self.caa = None
         self.scale: float | None = None
         self.prompt = prompt if _given(prompt) else None
