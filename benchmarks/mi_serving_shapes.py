@@ -8,8 +8,9 @@ slots at five layers (the size of a shipped selector's sites), built with
 tokens, plain and steered by each mixture path alternating (``auto``: the banks merged into the
 stock kernel's output by its log-sum-exp where the device has such a kernel; ``reference``: the
 history recomputed beside the stock call, the path before it), median of the repeats after a
-warm-up round; tokens/s and the steered / plain ratio, and the same for the prefill alone
-(1 new token) and for the decoding steps (the difference).
+warm-up round; tokens/s and the steered / plain ratio of the whole call, and apart the ratio of
+the prefill (one forward pass into an empty cache) and of a decoding step (the median of 16
+steps after it, each timed alone).
 
 Usage: python benchmarks/mi_serving_shapes.py [--device cpu|cuda] [--models ...]
        [--batches 1 8 32] [--prompts 64 2048] [--json FILE] [--quick]
@@ -22,11 +23,19 @@ import json
 import platform
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from hf_memory import BankSet, MemoryBank, load_default_model, steer
+from hf_memory.transformers_compat import cache_kwargs
 
 PATHS = ("reference", "auto")
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -91,32 +100,48 @@ def generate_seconds(model, ids: torch.Tensor, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def prefill_and_steps(model, ids: torch.Tensor, steps: int) -> tuple[float, float]:
+    """Seconds of the prefill (one forward pass over ``ids`` into an empty cache) and the median
+    seconds of ``steps`` greedy decoding steps after it, each timed alone."""
+    cache = DynamicCache(config=model.config)
+    synchronize(ids.device)
+    start = time.perf_counter()
+    logits = model(ids, **cache_kwargs(cache), use_cache=True).logits
+    synchronize(ids.device)
+    prefill = time.perf_counter() - start
+    token, times = logits[:, -1:].argmax(-1), []
+    for _ in range(steps):
+        start = time.perf_counter()
+        token = model(token, **cache_kwargs(cache), use_cache=True).logits.argmax(-1)
+        synchronize(ids.device)
+        times.append(time.perf_counter() - start)
+    return prefill, statistics.median(times)
+
+
 def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
-            repeats: int) -> dict:
+            repeats: int, steps: int = 16) -> dict:
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=model.device)
     labels = ("plain",) + PATHS
-    times: dict[str, list[float]] = {label + n: [] for label in labels for n in ("", "_1")}
+    times: dict[str, list] = {label: [] for label in labels}
     with torch.inference_mode():
         for repeat in range(repeats + 1):  # the first round warms up
-            for suffix, n in (("", new_tokens), ("_1", 1)):
-                for label in labels:
-                    if label == "plain":
-                        seconds = generate_seconds(model, ids, n)
-                    else:
-                        with steer(model, banks, mixture_path=label):
-                            seconds = generate_seconds(model, ids, n)
-                    if repeat:
-                        times[label + suffix].append(seconds)
-    median = {k: statistics.median(v) for k, v in times.items()}
+            for label in labels:
+                with (nullcontext() if label == "plain"
+                      else steer(model, banks, mixture_path=label)):
+                    measured = (generate_seconds(model, ids, new_tokens),
+                                *prefill_and_steps(model, ids, steps))
+                if repeat:
+                    times[label].append(measured)
+    median = {label: [statistics.median(column) for column in zip(*rows, strict=True)]
+              for label, rows in times.items()}
+    plain = median["plain"]
     row = {"batch": batch, "prompt": prompt, "new_tokens": new_tokens,
-           "plain_tok_s": batch * new_tokens / median["plain"]}
+           "plain_tok_s": batch * new_tokens / plain[0],
+           "plain_prefill_s": plain[1], "plain_step_ms": 1000 * plain[2]}
     for path in PATHS:
-        row[path] = {
-            "tok_s": batch * new_tokens / median[path],
-            "ratio": median["plain"] / median[path],
-            "prefill_ratio": median["plain_1"] / median[path + "_1"],
-            "decode_ratio": (median["plain"] - median["plain_1"])
-            / (median[path] - median[path + "_1"])}
+        generate, prefill, step = median[path]
+        row[path] = {"tok_s": batch * new_tokens / generate, "ratio": plain[0] / generate,
+                     "prefill_ratio": plain[1] / prefill, "decode_ratio": plain[2] / step}
     return row
 
 
