@@ -5,8 +5,10 @@ across the ranks (Llama) and one with sliding windows (Mistral)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from vllm.inputs import TokensPrompt  # noqa: F401  (vLLM must import before the helpers)
+from vllm.exceptions import VLLMValidationError
 
 from hf_memory import BankSet, Selector
 from hf_memory_vllm import steering_args, write_registry
@@ -61,3 +63,30 @@ def test_two_ranks_serve_what_steer_computes(kind, tmp_path):
                               for (name, how, _), _ in batch])
     for (key, _), result in zip(batch, served, strict=True):
         assert_same(expected[key], result)
+
+
+
+def test_every_rank_refuses_a_bank_set_past_the_limit(tmp_path, capfd):
+    """Each worker loads the registry and checks the size limit itself: at tensor parallel 2 both
+    ranks refuse the over-limit bank set, a request naming it gets one clear error, and a bank set
+    within the limit still steers as ``steer()`` does."""
+    model = tiny_model("llama", tmp_path / "model")
+    within = BankSet([random_bank(model, "up", "target", 2)], model=model)  # 12 slot-layers
+    within.save_pretrained(tmp_path / "within")
+    BankSet([random_bank(model, "big", "target", 3, layers=(0, 1, 2))],  # 18 slot-layers
+            model=model).save_pretrained(tmp_path / "big")
+    registry = write_registry(tmp_path / "registry.json", model, {"within": tmp_path / "within"},
+                              max_slot_layers=12)
+    record = json.loads(registry.read_text())  # write_registry itself refuses the big one
+    record["bank_sets"]["big"] = {"banks": str(tmp_path / "big"), "selector": None}
+    registry.write_text(json.dumps(record))
+    prompt = tiny_prompts()[1]
+    expected = hf_greedy(model, prompt, {"banks": within})
+    with environment(**THREADS), engine(tmp_path / "model", registry, skip_tokenizer_init=True,
+                                        tensor_parallel_size=2,
+                                        distributed_executor_backend="mp") as llm:
+        with pytest.raises(VLLMValidationError, match="max_slot_layers"):
+            vllm_greedy(llm, [prompt], [steering_args("big")])
+        assert_same(expected, vllm_greedy(llm, [prompt], [steering_args("within")])[0])
+    refusal = "bank set 'big' cannot steer this model and will be refused"
+    assert capfd.readouterr().err.count(refusal) == 2  # once per rank
