@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from hf_memory.transformers_compat import cache_kwargs, output_cache
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked
 
 

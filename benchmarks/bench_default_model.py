@@ -15,7 +15,7 @@ import time
 import torch
 
 from hf_memory import generate_chat, load_default_model
-from hf_memory.chat import chat_messages
+from hf_memory.chat.generation import chat_messages
 
 
 def timed(fn):

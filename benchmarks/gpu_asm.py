@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from transformers import LlamaForCausalLM
 
-from hf_memory.transformers_compat import cache_kwargs, output_cache
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked
 from modeling.asm.asm_kernels import asa_attend_triton
 from modeling.asm.baseline_asm import matched_llama_config

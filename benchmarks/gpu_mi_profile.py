@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from benchmarks.mi_serving_shapes import banks_for, build
 from hf_memory import steer
-from hf_memory.transformers_compat import cache_kwargs
+from hf_memory.models.transformers_compat import cache_kwargs
 
 CUDA = torch.device("cuda")
 SHAPES = [("smollm2-135m", 1, 64), ("llama-1b", 32, 2048)]

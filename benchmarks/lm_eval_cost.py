@@ -18,8 +18,8 @@ from eval_harness.bigfive.task import CAA_FRAMES
 from eval_harness.lm_eval_model.model import HFMemoryLM
 from eval_harness.lm_eval_model.task import run_lm_eval
 from hf_memory import BankSet, CAAVectors, load_default_model
-from hf_memory.calibration import direction_parts
-from hf_memory.demo import persona_bank, shipped_selector
+from hf_memory.recipes.calibration_data import direction_parts
+from hf_memory.recipes.shipped import persona_bank, shipped_selector
 
 TASKS = ["hfm_capability_mc", "hfm_capability_gen", "hfm_trait_pairs"]
 COLUMNS = ["hfm_capability_mc/acc", "hfm_capability_mc/acc_norm",

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from hf_memory import BankSet, steer
-from hf_memory.adapters import get_adapter
-from hf_memory.transformers_compat import cache_kwargs, output_cache
+from hf_memory.models.adapters import get_adapter
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from tests.test_memory_inception import ConcatReference, random_bank, token_ids
 from tests.tiny_models import FAMILIES, tiny_model
 

@@ -21,9 +21,9 @@ from eval_harness.capability.task import _neutral_nll
 from eval_harness.trait_steering.task import eval_pairs
 from hf_memory import BankSet, MemoryBank, MemoryMethod, PlainMethod, load_default_model
 from hf_memory.analysis.corpus import kjv_sentences
-from hf_memory.calibration import direction_parts, oriented
-from hf_memory.demo import BANK_RECIPE, shipped_selector
-from hf_memory.likelihood import pair_margins
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.calibration_data import direction_parts, oriented
+from hf_memory.recipes.shipped import BANK_RECIPE, shipped_selector
 
 
 def main() -> None:

@@ -20,10 +20,10 @@ import torch
 
 from eval_harness.trait_steering.task import eval_pairs
 from hf_memory import MemoryMethod, PromptMethod, load_default_model
-from hf_memory.calibration import direction_parts, oriented
-from hf_memory.likelihood import pair_margins
-from hf_memory.persona import persona_banks
-from hf_memory.steering_cost import NeutralCost
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.recipes.calibration_data import direction_parts, oriented
+from hf_memory.recipes.persona import persona_banks
 
 LAYER_SETS = {"0-9": range(0, 10), "10-29": range(10, 30), "all": range(30),
               "12-27 every 3rd": range(12, 30, 3)}

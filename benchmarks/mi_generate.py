@@ -17,8 +17,9 @@ import time
 import torch
 
 from hf_memory import BankSet, MemoryBank, kv_footprint, load_default_model, steer
-from hf_memory.chat import chat_messages
-from hf_memory.demo import DEFAULT_PERSONA, DEFAULT_REFERENCE, parse_layers
+from hf_memory.chat.generation import chat_messages
+from hf_memory.recipes.demo import DEFAULT_PERSONA, DEFAULT_REFERENCE
+from hf_memory_cli.types import parse_layers
 
 PROMPT = "How do you feel about your exam tomorrow?"
 

@@ -2,7 +2,7 @@
 pirate persona of make demo")?
 
 Greedy replies (32 tokens) to four everyday questions; per method the share of the replies'
-words in the persona's lexicon (:func:`hf_memory.text_quality.lexicon_rate`) and the cost
+words in the persona's lexicon (:func:`hf_memory.metrics.text_quality.lexicon_rate`) and the cost
 (ΔNLL per token of the shipped neutral text): the visible prompt, memory at the shipped
 selector's sites over ρ, and the ``exemplars`` recipe at two layer sets over ρ.
 Usage: python benchmarks/mi_persona_voice.py [--persona pirate]
@@ -16,11 +16,11 @@ import platform
 import torch
 
 from hf_memory import MemoryMethod, PromptMethod, generate_with, load_default_model
-from hf_memory.demo import shipped_persona
-from hf_memory.persona import persona_banks
-from hf_memory.selector import split_pairs
-from hf_memory.steering_cost import NeutralCost
-from hf_memory.text_quality import lexicon_rate
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.metrics.text_quality import lexicon_rate
+from hf_memory.recipes.persona import persona_banks
+from hf_memory.recipes.shipped import shipped_persona
+from hf_memory.selection.behavioural_calibration import split_pairs
 
 QUESTIONS = ("How do you feel about your exam tomorrow?", "What are your plans for the weekend?",
              "Can you recommend a good book?", "What did you have for breakfast?")

@@ -27,15 +27,15 @@ from hf_memory import (
     Selector,
     load_default_model,
 )
-from hf_memory.calibration import (
+from hf_memory.banks.neutral_control import neutral_text
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.calibration_data import (
     calibration_pairs,
     calibration_prompts,
     direction_parts,
-    neutral_text,
 )
-from hf_memory.demo import persona_bank, shipped_selector
-from hf_memory.likelihood import pair_margins
-from hf_memory.site_search import ShiftObjective, best_strength
+from hf_memory.recipes.shipped import persona_bank, shipped_selector
+from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
 
 WORRY_CASES = [
     ("How do you feel about your exam tomorrow?",

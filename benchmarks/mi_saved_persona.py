@@ -18,9 +18,9 @@ import torch
 from mi_user_persona import direction_items
 
 from hf_memory import BankSet, MemoryMethod, PromptMethod, Selector, load_default_model
-from hf_memory.likelihood import pair_margins
-from hf_memory.persona import calibrate_caa
-from hf_memory.steering_cost import NeutralCost
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.recipes.persona import calibrate_caa
 
 
 def main() -> None:

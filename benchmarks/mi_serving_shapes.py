@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from hf_memory import BankSet, MemoryBank, load_default_model, steer
-from hf_memory.transformers_compat import cache_kwargs
+from hf_memory.models.transformers_compat import cache_kwargs
 
 PATHS = ("reference", "auto")
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,

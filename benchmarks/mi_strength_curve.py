@@ -19,9 +19,9 @@ import torch
 
 from eval_harness.trait_steering.task import eval_pairs
 from hf_memory import BankSet, load_default_model, steer
-from hf_memory.calibration import direction_parts, oriented
-from hf_memory.demo import persona_bank, shipped_selector
-from hf_memory.likelihood import pair_margins
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.calibration_data import direction_parts, oriented
+from hf_memory.recipes.shipped import persona_bank, shipped_selector
 
 
 def neutral_nll(model, tokenizer, texts: list[str]) -> float:

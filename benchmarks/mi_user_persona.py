@@ -10,8 +10,9 @@ shipped neutral text):
   exemplars memory's ``exemplars`` recipe used, as the visible system prompt;
 - CAA: mean (target − reference) residual over the calibration triples at one layer; layer and
   scale chosen on the calibration triples within the same budget
-  (:func:`hf_memory.persona.calibrate_caa`);
-- memory: :func:`hf_memory.persona.calibrate_persona` (the one-line call: its default recipes,
+  (:func:`hf_memory.recipes.persona.calibrate_caa`);
+- memory: :func:`hf_memory.recipes.persona.calibrate_persona` (the one-line call: its default
+recipes,
   budget, validation split), and its KV bytes as a fraction of the visible prompt's KV.
 
 Results are written per direction as they come (``--out``, JSON lines).
@@ -29,10 +30,10 @@ from pathlib import Path
 import torch
 
 from hf_memory import PromptMethod, load_default_model
-from hf_memory.kv_accounting import prompt_kv_bytes
-from hf_memory.likelihood import pair_margins
-from hf_memory.persona import calibrate_caa, calibrate_persona, exemplar_text
-from hf_memory.steering_cost import NeutralCost
+from hf_memory.metrics.kv_accounting import prompt_kv_bytes
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.recipes.persona import calibrate_caa, calibrate_persona, exemplar_text
 
 DATA = Path(__file__).parent / "data" / "user_personas.json"
 

@@ -29,9 +29,9 @@ from hf_memory import (
     load_default_model,
     steer,
 )
-from hf_memory.calibration import direction_parts
-from hf_memory.chat import chat_messages, generate_conversations
-from hf_memory.demo import SHIPPED_DIRECTIONS, persona_bank, shipped_selector
+from hf_memory.chat.generation import chat_messages, generate_conversations
+from hf_memory.recipes.calibration_data import direction_parts
+from hf_memory.recipes.shipped import SHIPPED_DIRECTIONS, persona_bank, shipped_selector
 
 
 def main() -> None:

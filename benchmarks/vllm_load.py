@@ -48,7 +48,7 @@ def build_registry(root: Path):
     import torch
 
     from hf_memory import BankSet, load_default_model
-    from hf_memory.demo import persona_bank, shipped_selector
+    from hf_memory.recipes.shipped import persona_bank, shipped_selector
     from hf_memory_vllm import write_registry
 
     model, tokenizer = load_default_model(dtype=torch.float32)
@@ -239,7 +239,7 @@ def main() -> None:
 
     import torch
 
-    from hf_memory.default_model import ensure_default_model_cached
+    from hf_memory.models.default_model import ensure_default_model_cached
 
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {args.requests} requests per client count, "

@@ -26,7 +26,7 @@ def _analyze_ffn(args: argparse.Namespace) -> None:
     )
     from hf_memory.analysis.plots import plot_all
     from hf_memory.analysis.report import analyze_ffn_memories
-    from hf_memory.default_model import DefaultModelUnavailableError, load_default_model
+    from hf_memory.models.default_model import DefaultModelUnavailableError, load_default_model
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from hf_memory.demo import (
-    DEFAULT_COST_BUDGET,
-    DEFAULT_DIRECTION,
-    DEFAULT_GAIN,
-    DEFAULT_PROMPTS,
-    DEMO_PERSONA,
-    SHIPPED_PERSONAS,
-)
+from hf_memory.recipes.demo import DEFAULT_DIRECTION, DEFAULT_GAIN, DEFAULT_PROMPTS
+from hf_memory.recipes.shipped import DEMO_PERSONA, SHIPPED_PERSONAS
+from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
 from .errors import CLIError
 from .types import layer_spec, non_negative, positive_int
@@ -24,8 +19,8 @@ def _demo(args: argparse.Namespace) -> None:
     import_start = time.perf_counter()
     import transformers  # noqa: F401  (imported here so the load time below is the load alone)
 
-    from hf_memory.default_model import DefaultModelUnavailableError, load_default_model
-    from hf_memory.demo import format_demo, run_demo
+    from hf_memory.models.default_model import DefaultModelUnavailableError, load_default_model
+    from hf_memory.recipes.demo import format_demo, run_demo
 
     start = time.perf_counter()
     try:
@@ -39,7 +34,7 @@ def _demo(args: argparse.Namespace) -> None:
     print(f"# persona: {args.persona}")
     selector = None
     if args.selector:
-        from hf_memory.selector import Selector
+        from hf_memory.selection.selector import Selector
 
         selector = Selector.from_pretrained(args.selector, model=model)
     try:
@@ -53,13 +48,13 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _build_selector(args: argparse.Namespace) -> None:
-    from hf_memory.default_model import load_default_model
-    from hf_memory.demo import build_selector, selectors_dir
+    from hf_memory.models.default_model import load_default_model
+    from hf_memory.recipes.shipped import build_selector, selectors_dir
 
     model, tokenizer = load_default_model()
     start = time.perf_counter()
     if args.persona:
-        from hf_memory.demo import build_persona
+        from hf_memory.recipes.shipped import build_persona
 
         found = build_persona(model, tokenizer, args.persona, out=args.out)
         print(f"# {args.persona}: kept the {found.recipe} recipe; "
@@ -87,7 +82,7 @@ def selector_line(selector, budget: float | None) -> str:
 
 
 def _direction(text: str) -> str:
-    from hf_memory.calibration import direction_parts
+    from hf_memory.recipes.calibration_data import direction_parts
 
     try:
         direction_parts(text)

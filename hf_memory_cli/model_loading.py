@@ -21,8 +21,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_model(name: str, revision: str | None = None):
     """``(model, tokenizer)`` in eval mode, the tokenizer padding on the left: ``"default"`` or
-    another embedded model by name (:mod:`hf_memory.embedded`), else a folder or Hub id."""
-    from hf_memory.embedded import (
+    another embedded model by name (:mod:`hf_memory.models.embedded`), else a folder or Hub id."""
+    from hf_memory.models.embedded import (
         EMBEDDED_MODELS,
         EmbeddedModelUnavailableError,
         load_embedded_model,

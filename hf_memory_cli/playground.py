@@ -43,10 +43,11 @@ def build_app(model, tokenizer):
         import gradio as gr
     except ImportError:
         raise CLIError(UI_MISSING) from None
-    from hf_memory.bank_set import BankSet
-    from hf_memory.compare import METHODS, compare_methods
-    from hf_memory.demo import DEFAULT_PERSONA, persona_bank
-    from hf_memory.selector import Selector
+    from hf_memory.banks.bank_set import BankSet
+    from hf_memory.recipes.compare import METHODS, compare_methods
+    from hf_memory.recipes.demo import DEFAULT_PERSONA
+    from hf_memory.recipes.shipped import persona_bank
+    from hf_memory.selection.selector import Selector
 
     def compare(persona, reference, question, methods, strength, caa_scale, layers, max_tokens,
                 banks, selector):
@@ -163,8 +164,9 @@ def build_app(model, tokenizer):
 def _sites(model, layers: str, selector, persona: str, banks) -> dict:
     """Memory's sites: typed layers, else the loaded selector, else the one shipped for the
     persona (the embedded model's Big Five descriptors)."""
-    from hf_memory.calibration import TRAIT_DESCRIPTORS
-    from hf_memory.demo import parse_layers, shipped_selector
+    from hf_memory.recipes.calibration_data import TRAIT_DESCRIPTORS
+    from hf_memory.recipes.shipped import shipped_selector
+    from hf_memory_cli.types import parse_layers
 
     if layers.strip():
         return {"layers": parse_layers(layers)}
@@ -217,7 +219,7 @@ def space_files(model: str, revision: str | None) -> dict[str, str]:
 
 def _playground(args: argparse.Namespace) -> None:
     if args.export:
-        from hf_memory.atomic_files import write_text
+        from hf_memory.artifacts.atomic_files import write_text
 
         out = Path(args.export)
         out.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,7 @@ def _read_text(args: argparse.Namespace) -> str:
 
 
 def _load_banks(path: str, model):
-    from hf_memory.bank_set import BankSet
+    from hf_memory.banks.bank_set import BankSet
 
     if not (Path(path) / "config.json").is_file():
         raise CLIError(f"{path} is not a saved bank set (no config.json; make one with "
@@ -59,14 +59,14 @@ def _load_banks(path: str, model):
 def _load_selector(path: str | None, model):
     if path is None:
         return None
-    from hf_memory.selector import Selector
+    from hf_memory.selection.selector import Selector
 
     return Selector.from_pretrained(path, model=model)
 
 
 def _bank_build(args: argparse.Namespace) -> None:
-    from hf_memory.bank_set import BankSet
-    from hf_memory.demo import persona_bank
+    from hf_memory.banks.bank_set import BankSet
+    from hf_memory.recipes.shipped import persona_bank
 
     text = _read_text(args)
     if not text.strip():
@@ -104,7 +104,7 @@ def _bank_texts(banks) -> tuple[str, str | None]:
 
 
 def _starter_pairs(banks, model, tokenizer, count: int, max_new_tokens: int):
-    from hf_memory.pairs import starter_pairs
+    from hf_memory.recipes.starter_pairs import starter_pairs
 
     target, reference = _bank_texts(banks)
     start = time.perf_counter()
@@ -118,7 +118,7 @@ def _starter_pairs(banks, model, tokenizer, count: int, max_new_tokens: int):
 
 def _keep_starter_pairs(pairs, out: Path, remedy: str) -> None:
     """Write starter pairs to ``out/pairs.jsonl`` for the user to edit; too few is an error."""
-    from hf_memory.pairs import MIN_PAIRS, write_pairs
+    from hf_memory.selection.pairs import MIN_PAIRS, write_pairs
 
     if len(pairs) < MIN_PAIRS:
         raise CLIError(f"only {len(pairs)} starter pairs differ (at least {MIN_PAIRS} are "
@@ -130,7 +130,7 @@ def _keep_starter_pairs(pairs, out: Path, remedy: str) -> None:
 
 
 def _selector_pairs(args: argparse.Namespace) -> None:
-    from hf_memory.pairs import MIN_PAIRS, write_pairs
+    from hf_memory.selection.pairs import MIN_PAIRS, write_pairs
 
     model, tokenizer = load_model(args.model, args.revision)
     banks = _load_banks(args.banks, model)
@@ -143,8 +143,8 @@ def _selector_pairs(args: argparse.Namespace) -> None:
 
 
 def _selector_calibrate(args: argparse.Namespace) -> None:
-    from hf_memory.pairs import read_pairs
-    from hf_memory.selector import Selector
+    from hf_memory.selection.pairs import read_pairs
+    from hf_memory.selection.selector import Selector
 
     pairs = read_pairs(args.pairs) if args.pairs else None
     model, tokenizer = load_model(args.model, args.revision)
@@ -165,8 +165,8 @@ def _selector_calibrate(args: argparse.Namespace) -> None:
 
 
 def _persona(args: argparse.Namespace) -> None:
-    from hf_memory.pairs import read_pairs
-    from hf_memory.persona import calibrate_persona
+    from hf_memory.recipes.persona import calibrate_persona
+    from hf_memory.selection.pairs import read_pairs
 
     text = _read_text(args)
     if not text.strip():
@@ -177,7 +177,7 @@ def _persona(args: argparse.Namespace) -> None:
         raise CLIError(f"{out} exists and is not a bank set folder: choose a new --out")
     model, tokenizer = load_model(args.model, args.revision)
     if pairs is None:
-        from hf_memory.pairs import starter_pairs
+        from hf_memory.recipes.starter_pairs import starter_pairs
 
         pairs = starter_pairs(model, tokenizer, text, count=args.count,
                               max_new_tokens=args.max_new_tokens)
@@ -222,7 +222,7 @@ class _Chat:
     """The chat loop's state: one conversation (one cache) and what steers it."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from hf_memory.conversation import Conversation
+        from hf_memory.steering.conversation import Conversation
 
         _check_sites(args)
         self.model, self.tokenizer = load_model(args.model, args.revision)
@@ -275,7 +275,7 @@ class _Chat:
         elif name == "/save":
             if not rest:
                 raise ValueError("/save needs a file name: /save FILE")
-            from hf_memory.atomic_files import write_json
+            from hf_memory.artifacts.atomic_files import write_json
 
             write_json(Path(rest), {"messages": self.conversation.messages,
                                     "steering": self.describe()})
@@ -336,8 +336,8 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from hf_memory.chat import generate_chat
-    from hf_memory.methods import MemoryMethod, generate_with
+    from hf_memory.baselines.methods import MemoryMethod, generate_with
+    from hf_memory.chat.generation import generate_chat
 
     prompts = _prompts(args)
     _check_sites(args)

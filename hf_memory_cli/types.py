@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["device", "finite", "layer_spec", "non_negative", "non_negative_int", "positive_float",
+__all__ = ["device", "finite", "layer_spec", "non_negative", "non_negative_int", "parse_layers",
+           "positive_float",
            "positive_int", "strength", "unit_interval"]
 
 
@@ -76,10 +77,22 @@ def strength(text: str) -> float:
     return value
 
 
-def layer_spec(text: str) -> list[int]:
-    """Layers as ``18-22`` or ``3,5,9-10``."""
-    from hf_memory.demo import parse_layers
+def parse_layers(spec: str) -> list[int]:
+    """``"18-22"`` → [18, …, 22]; ``"3,5,9-10"`` → [3, 5, 9, 10]."""
+    layers: set[int] = set()
+    try:
+        for part in spec.split(","):
+            low, _, high = part.strip().partition("-")
+            layers.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise ValueError(f"layers must look like '18-22' or '3,5,9-10', got {spec!r}") from None
+    if not layers:
+        raise ValueError(f"no layers in {spec!r}")
+    return sorted(layers)
 
+
+def layer_spec(text: str) -> list[int]:
+    """Layers as ``18-22`` or ``3,5,9-10`` (for argparse)."""
     try:
         return parse_layers(text)
     except ValueError as error:

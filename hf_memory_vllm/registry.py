@@ -33,10 +33,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hf_memory.atomic_files import write_json
-from hf_memory.bank_set import BankSetFormatError
-from hf_memory.fingerprint import FingerprintMismatchError, compare_fingerprints
-from hf_memory.selector import SelectorFormatError
+from hf_memory.artifacts.atomic_files import write_json
+from hf_memory.banks.bank_set import BankSetFormatError
+from hf_memory.models.fingerprint import FingerprintMismatchError, compare_fingerprints
+from hf_memory.selection.selector import SelectorFormatError
 
 __all__ = ["DEFAULT_MAX_SLOT_LAYERS", "REGISTRY_ENV", "Registry", "RegistryError",
            "SteeringRequest", "bank_set_size", "cache_salt", "parse_request", "steering_args",
@@ -260,7 +260,7 @@ def write_registry(path: str | os.PathLike, model, bank_sets: Mapping[str, Any],
     """
     _check_limit(max_slot_layers)
     from hf_memory import BankSet, Selector
-    from hf_memory.fingerprint import model_fingerprint
+    from hf_memory.models.fingerprint import model_fingerprint
 
     entries: dict[str, dict[str, str | None]] = {}
     for name, spec in bank_sets.items():

@@ -15,7 +15,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from hf_memory.adapters import UnsupportedModelError
+from hf_memory.models.adapters import UnsupportedModelError
 
 from .registry import REGISTRY_ENV, Registry, RegistryError, parse_request
 from .worker import BATCH, QUERY_SOURCES

@@ -9,11 +9,11 @@ two places of vLLM's own modules (their code unchanged):
 - the attention layer's output: the steered requests' keys are also written to a *shadow
   cache* indexed by vLLM's own slot mapping (so their history can be read back whatever the
   attention backend's cache layout), and for every steered request the rows of its tokens at
-  its steered heads are replaced by :func:`hf_memory.mixture.bank_mixture_over`: vLLM's own
+  its steered heads are replaced by :func:`hf_memory.steering.mixture.bank_mixture_over`: vLLM's own
   attention output over the request's history, merged with its banks by one softmax over the
   history's scores and the slot logits — the mixture ``steer()`` computes in transformers with
-  :func:`hf_memory.mixture.bank_mixture`, on the same bank tensors
-  (:func:`hf_memory.site_plan.plan_sites`), without reading the history's values again.
+  :func:`hf_memory.steering.mixture.bank_mixture`, on the same bank tensors
+  (:func:`hf_memory.steering.site_plan.plan_sites`), without reading the history's values again.
 
 Bookkeeping is made once per forward pass (:class:`_Step`): decoding requests at the same sites
 are one group whose history is gathered as whole cache blocks, read off vLLM's block table, in
@@ -39,15 +39,15 @@ import torch
 from torch import nn
 
 from hf_memory import BankSet, Selector
-from hf_memory.adapters import SUPPORTED_MODEL_TYPES, UnsupportedModelError
-from hf_memory.fingerprint import (
+from hf_memory.models.adapters import SUPPORTED_MODEL_TYPES, UnsupportedModelError
+from hf_memory.models.fingerprint import (
     FingerprintMismatchError,
     compare_fingerprints,
     fingerprint_of,
     weights_digest,
 )
-from hf_memory.mixture import BankStack, bank_mixture_over
-from hf_memory.site_plan import SitePlan, plan_sites
+from hf_memory.steering.mixture import BankStack, bank_mixture_over
+from hf_memory.steering.site_plan import SitePlan, plan_sites
 
 from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest, bank_set_size
 

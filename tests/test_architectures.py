@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hf_memory import BankSet, MemoryBank, Selector, steer
-from hf_memory.adapters import head_dim
-from hf_memory.caa import CAAVectors, apply_caa
+from hf_memory.baselines.caa import CAAVectors, apply_caa
+from hf_memory.models.adapters import head_dim
 from tests.tiny_models import FAMILIES, tiny_model
 
 PAIRS = [("How are you?", "I worry a lot.", "I am calm."),

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_memory.transformers_compat import cache_kwargs, output_cache
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM
 from modeling.asm.modeling_asm import _rotate
 

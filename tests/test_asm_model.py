@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import modeling
-from hf_memory.transformers_compat import cache_kwargs, output_cache
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM, ASMModel, RefinementStats
 from modeling.asm.modeling_asm import _rotate, _StepConstants, alibi_slopes
 from tests.remote_code import assert_remote_code_load_is_exact

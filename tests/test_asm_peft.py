@@ -9,7 +9,7 @@ import torch
 peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 
-from hf_memory.transformers_compat import output_cache  # noqa: E402
+from hf_memory.models.transformers_compat import output_cache  # noqa: E402
 from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM  # noqa: E402
 
 VOCAB = 61

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from hf_memory.transformers_compat import cache_kwargs, output_cache  # noqa: E402
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache  # noqa: E402
 from modeling.asm import (  # noqa: E402
     ASMConfig,
     ASMForCausalLM,

@@ -6,12 +6,8 @@ import pytest
 import torch
 
 from hf_memory import BankSet, FingerprintMismatchError, MemoryBank
-from hf_memory.adapters import get_adapter
-from hf_memory.caa import CAAVectors, apply_caa
-from hf_memory.chat import encode_chats
-from hf_memory.controller import AllowedTokensProcessor
-from hf_memory.demo import DEFAULT_PERSONA
-from hf_memory.methods import (
+from hf_memory.baselines.caa import CAAVectors, apply_caa
+from hf_memory.baselines.methods import (
     CAAMethod,
     MemoryMethod,
     PlainMethod,
@@ -19,6 +15,10 @@ from hf_memory.methods import (
     generate_with,
     generate_with_each,
 )
+from hf_memory.chat.allowed_tokens import AllowedTokensProcessor
+from hf_memory.chat.generation import encode_chats
+from hf_memory.models.adapters import get_adapter
+from hf_memory.recipes.demo import DEFAULT_PERSONA
 from tests.test_memory_inception import token_ids
 from tests.test_memory_inception_real import worry_margin
 from tests.tiny_models import tiny_model

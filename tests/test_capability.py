@@ -17,7 +17,7 @@ from eval_harness.capability.task import (
 )
 from eval_harness.runner import validate_results
 from eval_harness.trait_steering.task import TraitSteeringConfig
-from hf_memory.methods import PlainMethod, PromptMethod
+from hf_memory.baselines.methods import PlainMethod, PromptMethod
 
 
 def test_questions_are_seeded_and_each_has_one_right_option():

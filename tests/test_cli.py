@@ -11,9 +11,9 @@ import sys
 import pytest
 
 import hf_memory_cli as cli
-from hf_memory import default_model as dm
-from hf_memory import embedded
-from hf_memory.demo import DEFAULT_PERSONA
+from hf_memory.models import default_model as dm
+from hf_memory.models import embedded
+from hf_memory.recipes.demo import DEFAULT_PERSONA
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -7,10 +7,10 @@ import torch
 from transformers import DynamicCache
 
 from hf_memory import BankSet, MemoryBank, steer
-from hf_memory.controller import BankController, Switch
-from hf_memory.conversation import Conversation
-from hf_memory.demo import DEFAULT_PERSONA
-from hf_memory.transformers_compat import cache_kwargs, output_cache
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache
+from hf_memory.recipes.demo import DEFAULT_PERSONA
+from hf_memory.steering.controller import BankController, Switch
+from hf_memory.steering.conversation import Conversation
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import tiny_model
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from hf_memory import BankSet, MemoryMethod, PromptMethod, Selector, steer
-from hf_memory.budget_search import BudgetSearch
-from hf_memory.chat import chat_messages
-from hf_memory.likelihood import log_probabilities
-from hf_memory.site_search import ShiftObjective, best_strength
-from hf_memory.steering_cost import NeutralCost, cost_texts
+from hf_memory.chat.generation import chat_messages
+from hf_memory.metrics.likelihood import log_probabilities
+from hf_memory.metrics.steering_cost import NeutralCost, cost_texts
+from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
+from hf_memory.selection.budget_search import BudgetSearch
 from tests.test_memory_inception import random_bank
 from tests.tiny_models import tiny_model
 
@@ -286,7 +286,7 @@ def test_a_selectors_strength_is_the_dial_it_steers_at():
 def test_a_saved_selector_with_a_bad_strength_is_refused(tmp_path):
     import json
 
-    from hf_memory.selector import SelectorFormatError
+    from hf_memory.selection.selector import SelectorFormatError
 
     selector = Selector(layers=[1], units={1: [0]}, unit_type="head", layer_gains={1: 1.0},
                         candidate_layers=[1], strength=0.5)
@@ -305,7 +305,7 @@ def test_a_saved_selector_with_a_bad_strength_is_refused(tmp_path):
 
 def test_content_slots_are_the_descriptor_slots_without_function_words(chat_tiny):
     from hf_memory import MemoryBank
-    from hf_memory.banks import FUNCTION_WORDS
+    from hf_memory.banks.bank import FUNCTION_WORDS
 
     model, tokenizer = chat_tiny
     text = "I am extremely anxious, and I never feel calm."

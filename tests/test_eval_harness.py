@@ -22,7 +22,7 @@ from eval_harness.names import FACTORS
 from eval_harness.report import render_report
 from eval_harness.runner import environment, validate_results
 from eval_harness.trait_steering.task import TraitSteeringConfig
-from hf_memory.selector import Selector
+from hf_memory.selection.selector import Selector
 
 
 @pytest.mark.parametrize("name", ["big_five_traits", "drift_adjusted_score", "steering_shift"])
@@ -185,7 +185,7 @@ def test_bigfive_generation_records_and_reports_repetition(default_model, tmp_pa
     from eval_harness.bigfive.task import BigFiveConfig
     from eval_harness.judges import LexiconJudge
     from eval_harness.runner import run_task
-    from hf_memory.text_quality import repetition
+    from hf_memory.metrics.text_quality import repetition
     from tests.tiny_models import tiny_model
 
     tokenizer = default_model[1]

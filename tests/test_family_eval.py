@@ -119,7 +119,7 @@ def test_asm_lm_perplexity_geometry_report_and_card(tmp_path, capsys):
     from huggingface_hub import ModelCard
     from transformers import AutoTokenizer
 
-    from hf_memory import default_model as dm
+    from hf_memory.models import default_model as dm
     from modeling.asm import ASMConfig, ASMForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(dm.ensure_default_model_cached())

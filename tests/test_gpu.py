@@ -28,7 +28,7 @@ import torch
 pytest.importorskip("triton")
 
 from hf_memory import BankSet, steer  # noqa: E402
-from hf_memory.transformers_compat import cache_kwargs, output_cache  # noqa: E402
+from hf_memory.models.transformers_compat import cache_kwargs, output_cache  # noqa: E402
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked  # noqa: E402
 from modeling.asm.asm_kernels import (  # noqa: E402
     asa_attend_triton,

@@ -17,7 +17,7 @@ from eval_harness.guidance.task import (
     validate_rule_judge,
 )
 from eval_harness.runner import run_task, validate_results
-from hf_memory.text_quality import repetition
+from hf_memory.metrics.text_quality import repetition
 from tests.tiny_models import tiny_model
 
 
@@ -96,7 +96,7 @@ def test_end_to_end_on_a_tiny_model(default_model, tmp_path):
 def test_pair_log_probabilities_give_the_likelihood_probe_margins(default_model):
     from eval_harness.guidance.task import _pair_logprobs
     from hf_memory import PromptMethod
-    from hf_memory.likelihood import pair_margins
+    from hf_memory.metrics.likelihood import pair_margins
 
     tokenizer = default_model[1]
     model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=1024)

@@ -14,7 +14,7 @@ from eval_harness.heuristic_cards.task import (
     load_problems,
     run_heuristic_cards,
 )
-from hf_memory.text_quality import repetition
+from hf_memory.metrics.text_quality import repetition
 from tests.tiny_models import tiny_model
 
 

@@ -1,5 +1,6 @@
 """The ``hf-memory`` model type of lm-evaluation-harness on the embedded SmolLM2: its
-log-likelihoods under every steering equal ``hf_memory.likelihood``'s on the same items, our CAA
+log-likelihoods under every steering equal ``hf_memory.metrics.likelihood``'s on the same items,
+our CAA
 through it equals lm-eval's own ``steered`` model given the same vector at the same hook point,
 the offline tasks run end to end into our results schema, and bad input fails with one clear
 error."""
@@ -18,10 +19,11 @@ from lm_eval.models.hf_steered import SteeredModel  # noqa: E402
 
 from eval_harness.lm_eval_model.model import HFMemoryLM  # noqa: E402
 from hf_memory import BankSet, CAAVectors, apply_caa  # noqa: E402
-from hf_memory.chat import chat_messages  # noqa: E402
-from hf_memory.demo import persona_bank, shipped_selector  # noqa: E402
-from hf_memory.likelihood import reply_logprobs  # noqa: E402
-from hf_memory.methods import MemoryMethod, PromptMethod  # noqa: E402
+from hf_memory.baselines.methods import MemoryMethod, PromptMethod  # noqa: E402
+from hf_memory.chat.generation import chat_messages  # noqa: E402
+from hf_memory.metrics.likelihood import reply_logprobs  # noqa: E402
+from hf_memory.recipes.demo import shipped_selector  # noqa: E402
+from hf_memory.recipes.shipped import persona_bank
 
 QUESTIONS = ("How do you spend a free evening?", "What do you do when plans change?")
 REPLIES = ("I stay home and read quietly.", "I call friends and go out dancing!")
@@ -104,7 +106,7 @@ def test_memory_rolling_and_generation_equal_the_steered_model(default_model, st
     """``loglikelihood_rolling`` and ``generate_until`` under banks: what the model computes
     inside ``hf_memory.steer`` (a forward pass; ``generate()``) on the same tokens."""
     from hf_memory import steer
-    from hf_memory.likelihood import log_probabilities
+    from hf_memory.metrics.likelihood import log_probabilities
 
     model, tokenizer = default_model
     lm = _lm(default_model, batch_size=1, banks=steering["banks"],

@@ -19,9 +19,9 @@ from hf_memory import (
     steer,
     steered_generate,
 )
-from hf_memory.adapters import get_adapter
-from hf_memory.capture import capture_kv
-from hf_memory.transformers_compat import cache_kwargs
+from hf_memory.banks.capture import capture_kv
+from hf_memory.models.adapters import get_adapter
+from hf_memory.models.transformers_compat import cache_kwargs
 from tests.tiny_models import FAMILIES, tiny_model
 
 FAMILY_IDS = list(FAMILIES)

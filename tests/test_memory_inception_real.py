@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from hf_memory import BankSet, MemoryBank, kv_footprint, steer
-from hf_memory.demo import DEFAULT_PERSONA, parse_layers
-from hf_memory.likelihood import pair_margins
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.demo import DEFAULT_PERSONA
+from hf_memory_cli.types import parse_layers
 
 PERSONA_LAYERS = parse_layers("18-22")
 

@@ -15,8 +15,9 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from hf_memory import BankSet  # noqa: E402
-from hf_memory.demo import persona_bank, shipped_selector  # noqa: E402
-from hf_memory.embedded import ensure_embedded_model_cached  # noqa: E402
+from hf_memory.models.embedded import ensure_embedded_model_cached  # noqa: E402
+from hf_memory.recipes.demo import shipped_selector  # noqa: E402
+from hf_memory.recipes.shipped import persona_bank
 from tests.test_multiprocess_training import ROOT, free_port  # noqa: E402
 
 TASK, LIMIT = "hfm_trait_pairs", 10

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # package -> the project packages it may import (the command line sits on top of everything)
 ALLOWED = {
     "modeling": set(),
-    "hf_memory": {"hub_cards"},  # bank and selector cards
+    "hf_memory": set(),
     "hub_cards": {"hf_memory", "modeling"},
     "eval_harness": {"hf_memory", "modeling", "hub_cards"},
     "hf_memory_vllm": {"hf_memory"},  # the vLLM plugin serves banks, never our own families
@@ -41,6 +41,71 @@ def test_no_package_imports_upward(package):
         if (imports := _project_imports(path)) - ALLOWED[package] - {package}
     }
     assert offending == {}
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of a graph ``node -> nodes it imports``, or None."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return [*path, node, nxt]
+            if nxt not in state and (found := visit(nxt, [*path, node])):
+                return found
+        state[node] = "done"
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node, [])):
+            return found
+    return None
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _imported_modules(path: Path, package: str) -> set[str]:
+    """Every name under ``package`` that ``path`` imports at any depth of the file, relative
+    imports resolved (``from .x import y`` in ``a/b.py`` → ``a.x``)."""
+    here = _module_name(path).split(".")
+    base = here if path.name == "__init__.py" else here[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            parent = ".".join(base[:len(base) - node.level + 1])
+            found |= ({f"{parent}.{node.module}"} if node.module
+                      else {f"{parent}.{alias.name}" for alias in node.names})
+    return {name for name in found if name.split(".")[0] == package}
+
+
+def test_hf_memory_is_arranged_by_role_without_a_circle_between_its_folders():
+    package = ROOT / "hf_memory"
+    assert sorted(p.name for p in package.glob("*.py")) == ["__init__.py"]
+    folders = {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    edges: dict[str, set[str]] = {folder: set() for folder in folders}
+    for folder in folders:
+        for path in (package / folder).rglob("*.py"):
+            edges[folder] |= {name.split(".")[1] for name in _imported_modules(path, "hf_memory")
+                              if name.count(".") >= 1} - {folder}
+    assert edges["recipes"] >= {"banks", "steering", "selection", "baselines"}  # really read
+    assert _find_cycle(edges) is None, " -> ".join(_find_cycle(edges))
+
+
+@pytest.mark.parametrize("folder", ["hf_memory"])
+def test_no_import_circle_between_modules(folder):
+    edges = {}
+    for path in (ROOT / folder).rglob("*.py"):
+        edges[_module_name(path)] = _imported_modules(path, folder) - {_module_name(path)}
+    edges = {module: imports & set(edges) for module, imports in edges.items()}
+    assert len(edges) > 20 and sum(map(len, edges.values())) > 40
+    assert _find_cycle(edges) is None, " -> ".join(_find_cycle(edges))
 
 
 def test_help_is_fast_and_imports_no_torch():

@@ -10,8 +10,8 @@ import pytest
 from eval_harness.persistence.task import PersistenceConfig, opposite_history, run_persistence
 from eval_harness.runner import validate_results
 from eval_harness.trait_steering.task import TraitSteeringConfig, eval_pairs
-from hf_memory.calibration import calibration_pairs
-from hf_memory.likelihood import pair_margins
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.calibration_data import calibration_pairs
 
 
 @pytest.fixture(scope="module")

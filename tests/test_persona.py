@@ -10,11 +10,16 @@ import pytest
 import torch
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, Selector
-from hf_memory.calibration import neutral_control, neutral_like
-from hf_memory.persona import PersonaSteering, calibrate_persona, exemplar_text, persona_banks
-from hf_memory.selector import split_pairs
-from hf_memory.site_search import ShiftObjective
-from hf_memory.steering_cost import NeutralCost
+from hf_memory.banks.neutral_control import neutral_control, neutral_like
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.recipes.persona import (
+    PersonaSteering,
+    calibrate_persona,
+    exemplar_text,
+    persona_banks,
+)
+from hf_memory.selection.behavioural_calibration import split_pairs
+from hf_memory.selection.behavioural_search import ShiftObjective
 from tests.test_memory_inception import random_bank
 from tests.tiny_models import tiny_model
 
@@ -156,17 +161,17 @@ def test_persona_bad_input_is_one_clear_error(chat_tiny):
 
 
 def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypatch):
-    from hf_memory import demo
+    from hf_memory.recipes import demo, shipped
 
     model, tokenizer = chat_tiny
-    spec = demo.persona_spec("pirate")
+    spec = shipped.persona_spec("pirate")
     assert len(spec["pairs"]) >= 20 and spec["lexicon"]
-    found = demo.build_persona(model, tokenizer, "pirate", out=tmp_path, progress=False)
+    found = shipped.build_persona(model, tokenizer, "pirate", out=tmp_path, progress=False)
     written = json.loads((tmp_path / "persona.json").read_text())
     assert written["recipe"] == found.recipe and written["text"] == spec["text"]
     assert set(written["caa"]) == {"layer", "scale"} and "pairs" not in written
-    monkeypatch.setattr(demo, "_persona_dir", lambda name: tmp_path)
-    banks, selector, caa, loaded = demo.shipped_persona(model, tokenizer, "pirate")
+    monkeypatch.setattr(shipped, "_persona_dir", lambda name: tmp_path)
+    banks, selector, caa, loaded = shipped.shipped_persona(model, tokenizer, "pirate")
     assert selector.layers == found.selector.layers
     assert banks.banks[0].provenance["text"] == found.banks.banks[0].provenance["text"]
     assert (caa is None) == (written["caa"]["layer"] is None)
@@ -177,7 +182,7 @@ def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypat
 
 
 def test_a_selector_folder_without_its_diagnostics_is_named(chat_tiny, tmp_path):
-    from hf_memory.selector import SelectorFormatError
+    from hf_memory.selection.selector import SelectorFormatError
 
     model, tokenizer = chat_tiny
     banks = persona_banks(model, tokenizer, TEXT, recipe="prompt_like")

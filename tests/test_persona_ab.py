@@ -29,7 +29,7 @@ from eval_harness.persona_ab.task import (
     split_items,
 )
 from hf_memory import PromptMethod
-from hf_memory.chat import chat_messages, default_system_prompt
+from hf_memory.chat.generation import chat_messages, default_system_prompt
 from tests.tiny_models import tiny_model
 
 PROMPTS = {"openness": {"positive_system_prompt": "You are open.",
@@ -215,7 +215,7 @@ def test_bad_configurations_are_one_clear_error(bad, message):
 def test_the_command_line_runs_the_benchmark_and_its_numbers_add_up(tiny, tokenizer,
                                                                      monkeypatch, tmp_path):
     import hf_memory_cli as cli
-    from hf_memory.steering_cost import NeutralCost
+    from hf_memory.metrics.steering_cost import NeutralCost
 
     monkeypatch.setattr("hf_memory_cli.evaluation.load_model",
                         lambda name, *args, **kwargs: (tiny, tokenizer))

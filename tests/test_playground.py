@@ -19,8 +19,8 @@ import urllib.request
 import pytest
 import torch
 
-from hf_memory.compare import METHODS, compare_methods
-from hf_memory.methods import generate_with
+from hf_memory.baselines.methods import generate_with
+from hf_memory.recipes.compare import METHODS, compare_methods
 from hf_memory_cli.main import main
 from hf_memory_cli.playground import routing_html
 
@@ -63,7 +63,7 @@ def test_compare_answers_with_every_method(tiny_chat):
                           max_new_tokens=5)
     assert off["memory"].reply == off["plain"].reply
     # the prompt method's reply is the library's own
-    from hf_memory.methods import PromptMethod
+    from hf_memory.baselines.methods import PromptMethod
 
     assert replies["prompt"].reply == generate_with(
         PromptMethod("You talk like a pirate.", tokenizer=tokenizer), model, tokenizer,

@@ -1,7 +1,8 @@
 """Property-based tests (hypothesis) of three numerical cores against float64 references written
 out here, independently of the code under test:
 
-* the memory-inception bank mixture (``hf_memory.mixture.bank_mixture``), which computes one
+* the memory-inception bank mixture (``hf_memory.steering.mixture.bank_mixture``), which computes
+one
   softmax over [prompt keys ; bank slots] with per-column biases (appendix G.1), against the
   bank-level mixture o* = sum_b pi_b o_b it stands for, written per query head with a separate
   softmax per bank: prompt evidence logsumexp(q.k over the visible keys) - log T_t, bank
@@ -32,7 +33,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hf_memory.analysis.streaming_topk import StreamingTopK, topk_reference
-from hf_memory.mixture import (
+from hf_memory.steering.mixture import (
     BankStack,
     PreparedBank,
     bank_mixture,

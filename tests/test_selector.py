@@ -9,14 +9,9 @@ import torch
 from transformers import BatchEncoding
 
 from hf_memory import BankSet, FingerprintMismatchError, MemoryBank, steer
-from hf_memory.demo import DEFAULT_PERSONA, DEFAULT_REFERENCE
-from hf_memory.selector import (
-    Selector,
-    SelectorFormatError,
-    alignment_margin,
-    select_sites,
-    unit_scores,
-)
+from hf_memory.recipes.demo import DEFAULT_PERSONA, DEFAULT_REFERENCE
+from hf_memory.selection.attention_search import alignment_margin, select_sites, unit_scores
+from hf_memory.selection.selector import Selector, SelectorFormatError
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import tiny_model
 

@@ -63,7 +63,7 @@ def test_a_selector_made_on_another_model_is_not_reused(default_model, tmp_path)
 @pytest.mark.slow
 def test_the_shipped_selectors_are_reused_whatever_the_thread_count(default_model, monkeypatch):
     from eval_harness.trait_steering.task import TraitSteeringConfig, _bank
-    from hf_memory.calibration import calibration_pairs, direction_parts
+    from hf_memory.recipes.calibration_data import calibration_pairs, direction_parts
 
     model, tokenizer = default_model
     monkeypatch.setattr(Selector, "calibrate_behavioural", lambda *a, **k: None)

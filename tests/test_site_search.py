@@ -9,9 +9,14 @@ import torch
 
 from eval_harness.metrics import load_metric
 from hf_memory import BankSet, CAAVectors, MemoryBank, apply_caa
-from hf_memory.banks import render_in_context
-from hf_memory.selector import select_sites
-from hf_memory.site_search import SiteScore, best_strength, search_sites, summarize_shifts
+from hf_memory.banks.bank import render_in_context
+from hf_memory.selection.attention_search import select_sites
+from hf_memory.selection.behavioural_search import (
+    SiteScore,
+    best_strength,
+    search_sites,
+    summarize_shifts,
+)
 from tests.test_memory_inception import random_bank
 from tests.tiny_models import tiny_model
 

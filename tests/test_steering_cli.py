@@ -13,11 +13,11 @@ import json
 import pytest
 import torch
 
-from hf_memory.bank_set import BankSet
-from hf_memory.conversation import Conversation
-from hf_memory.pairs import MIN_PAIRS, PairsFileError, read_pairs, write_pairs
-from hf_memory.persona import PersonaSteering
-from hf_memory.selector import Selector
+from hf_memory.banks.bank_set import BankSet
+from hf_memory.recipes.persona import PersonaSteering
+from hf_memory.selection.pairs import MIN_PAIRS, PairsFileError, read_pairs, write_pairs
+from hf_memory.selection.selector import Selector
+from hf_memory.steering.conversation import Conversation
 from hf_memory_cli.main import main
 
 from .tiny_models import tiny_model

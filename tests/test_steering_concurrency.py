@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_memory import steer, steered_generate
-from hf_memory.caa import CAAVectors, apply_caa
+from hf_memory.baselines.caa import CAAVectors, apply_caa
 from tests.test_memory_inception import assert_restored, random_bank, token_ids
 from tests.tiny_models import tiny_model
 

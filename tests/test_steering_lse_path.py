@@ -1,5 +1,5 @@
 """The steering's fast path — the banks merged into the model's own SDPA kernel's output by its
-log-sum-exp (``hf_memory.stock_attention``, ``mixture.bank_mixture_by_lse``) — against the
+log-sum-exp (``hf_memory.steering.stock_attention``, ``mixture.bank_mixture_by_lse``) — against the
 reference path that recomputes the history beside the stock call (``mixture_path="reference"``)
 and against a float64 softmax written out here. Tiny float64 models of every SDPA family:
 whole-layer and head-subset sites, GQA, left padding, windows, per-row banks, positioned banks,
@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hf_memory.steering as steering_module
+import hf_memory.steering.attention as steering_module
 from hf_memory import BankSet, MemoryBank, steer
-from hf_memory.stock_attention import attention_with_lse
+from hf_memory.steering.stock_attention import attention_with_lse
 from tests.tiny_models import DEFAULT_ATTENTION, FAMILIES, tiny_model
 
 SDPA_FAMILIES = [f for f in FAMILIES if DEFAULT_ATTENTION.get(f, "sdpa") == "sdpa"]

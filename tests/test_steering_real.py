@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from hf_memory import BankSet, FingerprintMismatchError, MemoryBank, PromptMethod, steer
-from hf_memory.calibration import calibration_pairs, direction_parts
-from hf_memory.chat import chat_messages, default_system_prompt, encode_chats
-from hf_memory.demo import DEFAULT_PERSONA, SHIPPED_DIRECTIONS, persona_bank, shipped_selector
-from hf_memory.likelihood import pair_margins
-from hf_memory.selector import Selector, SelectorFormatError
+from hf_memory.chat.generation import chat_messages, default_system_prompt, encode_chats
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.calibration_data import calibration_pairs, direction_parts
+from hf_memory.recipes.demo import DEFAULT_PERSONA
+from hf_memory.recipes.shipped import SHIPPED_DIRECTIONS, persona_bank, shipped_selector
+from hf_memory.selection.selector import Selector, SelectorFormatError
 from tests.test_memory_inception import random_bank
 from tests.test_memory_inception_real import worry_margin
 from tests.tiny_models import tiny_model

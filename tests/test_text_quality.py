@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_memory.text_quality import distinct_n, repeated_ngram_fraction, repetition, words
+from hf_memory.metrics.text_quality import distinct_n, repeated_ngram_fraction, repetition, words
 
 LOOPING = "I'm so anxious, I am so anxious. I am so anxious, I am so anxious."
 
@@ -120,8 +120,8 @@ def test_saying_a_reply_more_often_never_repeats_less(text, k):
 
 
 def _demo_result(quality):
-    from hf_memory.demo import DemoResult
-    from hf_memory.kv_accounting import KVFootprint
+    from hf_memory.metrics.kv_accounting import KVFootprint
+    from hf_memory.recipes.demo import DemoResult
 
     footprint = KVFootprint(num_layers=30, prompt_tokens=10, controlled_layers=2, bank_slots=10,
                             idealised_ratio=15.0, prompt_kv_bytes=2048, bank_bytes=512,
@@ -134,7 +134,7 @@ def _demo_result(quality):
 
 
 def test_the_demo_prints_each_methods_repetition():
-    from hf_memory.demo import format_demo
+    from hf_memory.recipes.demo import format_demo
 
     text = format_demo(_demo_result(quality=True))
     assert ("repetition: plain distinct-2 1.00, repeated 4-grams 0.00; prompt distinct-2 0.57, "
@@ -143,7 +143,7 @@ def test_the_demo_prints_each_methods_repetition():
 
 
 def test_lexicon_rate_counts_whole_words_and_prefixes():
-    from hf_memory.text_quality import lexicon_rate
+    from hf_memory.metrics.text_quality import lexicon_rate
 
     # 10 words; "arr" and "matey" whole, "sailin'" by the prefix "sail*"; "seashell" is not "sea"
     replies = ["Arr, matey! I'm sailin' to a seashell.", "Hello there, friend."]

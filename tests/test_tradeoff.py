@@ -14,8 +14,8 @@ from eval_harness.tradeoff.report import render_tradeoff
 from eval_harness.tradeoff.task import TradeoffConfig, matched, run_tradeoff
 from eval_harness.trait_steering.task import TraitSteeringConfig, _bank, eval_pairs
 from hf_memory import BankSet, MemoryMethod, Selector
-from hf_memory.calibration import direction_parts, oriented
-from hf_memory.likelihood import pair_margins
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.calibration_data import direction_parts, oriented
 
 
 def point(name, family, shift, cost, retention=1.0):

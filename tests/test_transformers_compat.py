@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaModel
 
-from hf_memory.transformers_compat import (
+from hf_memory.models.transformers_compat import (
     CACHE_NAME,
     LEGACY_CACHE_NAME,
     cache_from_kwargs,
@@ -82,4 +82,4 @@ def test_no_other_module_spells_a_cache_name():
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if "past_key_values" in line:
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    assert not offenders, "use hf_memory.transformers_compat:\n" + "\n".join(offenders)
+    assert not offenders, "use hf_memory.models.transformers_compat:\n" + "\n".join(offenders)

@@ -18,8 +18,8 @@ from hf_memory_vllm import write_registry
 @pytest.fixture(scope="session")
 def embedded(tmp_path_factory):
     from hf_memory import load_default_model
-    from hf_memory.default_model import ensure_default_model_cached
-    from hf_memory.demo import persona_bank, shipped_selector
+    from hf_memory.models.default_model import ensure_default_model_cached
+    from hf_memory.recipes.shipped import persona_bank, shipped_selector
 
     root = tmp_path_factory.mktemp("embedded")
     model, tokenizer = load_default_model(dtype=torch.float32)

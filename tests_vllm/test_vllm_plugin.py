@@ -45,7 +45,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 
 from hf_memory import BankSet, MemoryBank, Selector
-from hf_memory.adapters import UnsupportedModelError
+from hf_memory.models.adapters import UnsupportedModelError
 from hf_memory_vllm import REGISTRY_ENV, cache_salt, steering_args, write_registry
 
 from .references import NEW_TOKENS, TOLERANCE, chat, hf_greedy

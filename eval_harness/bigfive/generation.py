@@ -4,7 +4,7 @@ Each method, steered towards a target trait, answers open-ended held-out prompts
 scores every response on the five traits and coherence (1–5). Mean judged trait scores give
 Δ_target, non-target drift and GAS = Δ_target − D against the plain model, through the same
 ``drift_adjusted_score`` metric as the questionnaire. Beside the judge, the responses'
-repetition (:func:`~hf_memory.text_quality.repetition`: mean distinct-2 and repeated-4-gram
+repetition (:func:`~hf_memory.metrics.text_quality.repetition`: mean distinct-2 and repeated-4-gram
 share) per run and per method over its target traits. The default judge is
 :class:`~eval_harness.judges.AffectLexiconJudge`; the results carry its agreement (and the
 hand-made lexicon judge's) on the labelled held-out trait pairs.
@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from hf_memory import Method, generate_with
-from hf_memory.text_quality import repetition
+from hf_memory.metrics.text_quality import repetition
 
 from ..judges import (
     AffectLexiconJudge,

@@ -30,8 +30,8 @@ from hf_memory import (
     PromptMethod,
     Selector,
 )
-from hf_memory.calibration import TRAIT_DESCRIPTORS
-from hf_memory.chat import assistant_prefix_length, encode_chats
+from hf_memory.chat.generation import assistant_prefix_length, encode_chats
+from hf_memory.recipes.calibration_data import TRAIT_DESCRIPTORS
 
 from ..metrics import load_metric
 from ..names import FACTORS, METHODS

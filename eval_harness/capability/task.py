@@ -37,9 +37,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hf_memory.analysis.corpus import kjv_sentences
-from hf_memory.calibration import oriented
-from hf_memory.likelihood import pair_margins, reply_logprobs
-from hf_memory.methods import MemoryMethod, Method, PlainMethod
+from hf_memory.baselines.methods import MemoryMethod, Method, PlainMethod
+from hf_memory.metrics.likelihood import pair_margins, reply_logprobs
+from hf_memory.recipes.calibration_data import oriented
 
 from ..intervals import mean_interval
 from ..names import check_positive_ints, checked_directions

@@ -28,7 +28,8 @@ With ``generate=True`` every case is also run in the paper's generation form
 (:func:`generate_case`): the model writes every assistant turn itself and post-shift replies are
 judged by :class:`~eval_harness.dialogue_shift.style_judge.StyleJudge` (validated on the bank's
 labelled pairs, reported in the results); beside the judge, the repetition of every turn the
-model wrote (:func:`~hf_memory.text_quality.repetition`: mean distinct-2 and repeated-4-gram share
+model wrote (:func:`~hf_memory.metrics.text_quality.repetition`: mean distinct-2 and
+repeated-4-gram share
 per reply).
 
 Calibration (disjoint from every dialogue): per transition, the behavioural selector for the new
@@ -48,12 +49,12 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_memory import BankSet, CAAVectors, Conversation, MemoryBank, Selector, apply_caa
-from hf_memory.chat import default_system_prompt
-from hf_memory.kv_accounting import kv_footprint
-from hf_memory.methods import PromptMethod
-from hf_memory.selector import DEFAULT_GAINS
-from hf_memory.site_search import ShiftObjective, best_strength
-from hf_memory.text_quality import repetition
+from hf_memory.baselines.methods import PromptMethod
+from hf_memory.chat.generation import default_system_prompt
+from hf_memory.metrics.kv_accounting import kv_footprint
+from hf_memory.metrics.text_quality import repetition
+from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
+from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
 
 from ..bigfive.task import CAA_FRAMES
 from ..intervals import mean_interval

@@ -16,7 +16,7 @@ method, on the held-out questions:
 - **generation compliance** (``generate=True``): greedy replies checked by :class:`RuleJudge`,
   a programmatic judge (a word count, a digits pattern, and ``langdetect`` restricted to
   English / French), whose agreement with the labelled replies of every item is reported;
-  beside it, the replies' repetition (:func:`~hf_memory.text_quality.repetition`: mean
+  beside it, the replies' repetition (:func:`~hf_memory.metrics.text_quality.repetition`: mean
   distinct-2 and repeated-4-gram share).
 
 Intervals: 95 % bootstrap over questions. The paper's structured-reasoning guidance banks
@@ -38,10 +38,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, Method, PlainMethod, PromptMethod
-from hf_memory.likelihood import reply_logprobs
-from hf_memory.methods import generate_with_each
-from hf_memory.selector import DEFAULT_GAINS
-from hf_memory.text_quality import repetition
+from hf_memory.baselines.methods import generate_with_each
+from hf_memory.metrics.likelihood import reply_logprobs
+from hf_memory.metrics.text_quality import repetition
+from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
 
 from ..intervals import mean_interval
 from ..names import RULES, check_positive_ints

@@ -12,7 +12,7 @@ module is a harness, not a measured result.
   reference's comma-separated components scores 0.5 — our guess at its partial credit);
 - :func:`run_heuristic_cards`: plain (the problem only), prompt (the card in the system prompt)
   and memory (the card as a bank at the sites the user gives: a selector, or layers and a gain);
-  beside the grade, the replies' repetition (:func:`~hf_memory.text_quality.repetition`).
+  beside the grade, the replies' repetition (:func:`~hf_memory.metrics.text_quality.repetition`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, PlainMethod, PromptMethod
-from hf_memory.methods import generate_with_each
-from hf_memory.text_quality import repetition
+from hf_memory.baselines.methods import generate_with_each
+from hf_memory.metrics.text_quality import repetition
 
 __all__ = ["CARDS", "BoxedAnswerGrader", "extract_boxed", "load_problems",
            "run_heuristic_cards"]

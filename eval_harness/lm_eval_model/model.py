@@ -6,7 +6,8 @@ One steering per model object, chosen at construction (lm-eval's ``--model_args`
 - ``caa=DIR[,scale=x]``: CAA vectors (:func:`hf_memory.apply_caa`) added after attention at
   every position (lm-eval has no instruction boundary), at their saved scale unless ``scale``;
 - ``prompt=TEXT``: the text in the visible context — appended to the chat template's system
-  message (:class:`hf_memory.methods.PromptMethod`'s ``"system"`` placement) when lm-eval applies
+  message (:class:`hf_memory.baselines.methods.PromptMethod`'s ``"system"`` placement) when lm-eval
+  applies
   the chat template, otherwise before every request's context (``TEXT\\n\\n``);
 - nothing: the plain model, identical to lm-eval's ``hf``.
 
@@ -32,7 +33,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from hf_memory import BankSet, CAAVectors, Selector, apply_caa, steer
-from hf_memory.chat import default_system_prompt
+from hf_memory.chat.generation import default_system_prompt
 
 __all__ = ["HFMemoryLM", "steering_record"]
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from hf_memory.calibration import calibration_pairs, direction_parts
-from hf_memory.likelihood import reply_logprobs
+from hf_memory.metrics.likelihood import reply_logprobs
+from hf_memory.recipes.calibration_data import calibration_pairs, direction_parts
 
 from ..intervals import mean_interval
 from ..names import check_positive_ints, checked_directions

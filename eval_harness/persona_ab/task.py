@@ -7,7 +7,8 @@ Per set (``data/<set>.jsonl.gz``, 1,000 items: a statement, "would you say it?",
 reported is measured on the held-out split only.
 
 - **propensity** of an item = log p(positive answer) − log p(negative answer) as the
-  assistant's reply to the chat-templated prompt (:func:`hf_memory.likelihood.pair_margins`);
+  assistant's reply to the chat-templated prompt
+  (:func:`hf_memory.metrics.likelihood.pair_margins`);
   ``mcq_acc`` = share of items with propensity > 0 (steering-bench's ``logprob_diff`` and
   ``mcq_acc``).
 - **methods**, each with a dial whose zero is the plain model and whose 1 is its calibrated
@@ -16,8 +17,10 @@ reported is measured on the held-out split only.
   difference after attention at the answer letter of "(A" / "(B" over the calibration items'
   positive and negative answers, added from the end of the instruction on; layer (among
   ``caa_layers``) and scale (among ``caa_scales``) chosen on the calibration split by
-  :func:`hf_memory.site_search.best_strength` within ``cost_budget``; dial = multiple of that
-  scale); *memory* (a bank of the positive persona prompt, :func:`hf_memory.demo.persona_bank`,
+  :func:`hf_memory.selection.behavioural_search.best_strength` within ``cost_budget``; dial =
+  multiple of that
+  scale); *memory* (a bank of the positive persona prompt,
+  :func:`hf_memory.recipes.shipped.persona_bank`,
   at the sites of a behavioural selector calibrated within ``cost_budget`` net of a neutral
   bank, :meth:`hf_memory.Selector.calibrate_behavioural`; dial = ``strength`` of
   :class:`hf_memory.MemoryMethod`, a multiple of the selector's calibrated strength).
@@ -25,7 +28,7 @@ reported is measured on the held-out split only.
   items' own slopes, so it gets a bootstrap interval over items); **wrong-way fraction** =
   share of items whose own slope is negative (steering-bench's anti-steerable items).
 - **cost** of every point = ΔNLL per token of neutral text
-  (:class:`hf_memory.steering_cost.NeutralCost`, the shipped calibration-side text: the same
+  (:class:`hf_memory.metrics.steering_cost.NeutralCost`, the shipped calibration-side text: the same
   text the budget was enforced on); **shift** = propensity − plain propensity per held-out item,
   with a 95 % percentile bootstrap interval over items; **matched cost**: per method the
   steered point (dial > 0) with the largest shift among those costing at most ``cost_budget``;
@@ -62,12 +65,12 @@ from hf_memory import (
     PlainMethod,
     PromptMethod,
 )
-from hf_memory.calibration import neutral_text
-from hf_memory.demo import persona_bank
-from hf_memory.likelihood import pair_margins
-from hf_memory.selector import Selector
-from hf_memory.site_search import ShiftObjective, best_strength, check_weight
-from hf_memory.steering_cost import NeutralCost
+from hf_memory.banks.neutral_control import neutral_text
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.recipes.shipped import persona_bank
+from hf_memory.selection.behavioural_search import ShiftObjective, best_strength, check_weight
+from hf_memory.selection.selector import Selector
 
 from ..intervals import mean_interval
 from ..names import PERSONA_SETS, check_positive_ints
@@ -175,7 +178,7 @@ def caa_contrast_texts(tokenizer, items: Sequence[dict[str, str]]) -> list[tuple
     positive / negative answer up to its letter ("(B" / "(A"), so the last token, where
     :meth:`~hf_memory.CAAVectors.extract` reads with ``position="last"``, is the letter
     (steering-bench's ``steering_token_index = -2`` of "(B)")."""
-    from hf_memory.chat import chat_messages
+    from hf_memory.chat.generation import chat_messages
 
     pairs = []
     for item in items:

@@ -31,8 +31,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hf_memory import BankSet, CAAVectors, MemoryMethod, Method, PromptMethod
-from hf_memory.calibration import calibration_pairs, direction_parts, oriented
-from hf_memory.likelihood import pair_margins
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.recipes.calibration_data import calibration_pairs, direction_parts, oriented
 
 from ..bigfive.task import CAA_FRAMES
 from ..capability.task import _neutral_nll, plain_baseline, score_questions

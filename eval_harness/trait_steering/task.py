@@ -41,18 +41,18 @@ from hf_memory import (
     Selector,
     kv_footprint,
 )
-from hf_memory.calibration import (
+from hf_memory.banks.neutral_control import neutral_text
+from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.recipes.calibration_data import (
     calibration_pairs,
     calibration_prompts,
     direction_parts,
-    neutral_text,
     oriented,
 )
-from hf_memory.demo import selectors_dir
-from hf_memory.likelihood import pair_margins
-from hf_memory.selector import DEFAULT_GAINS, pairs_digest
-from hf_memory.site_search import ShiftObjective, best_strength, check_weight
-from hf_memory.steering_cost import NeutralCost
+from hf_memory.recipes.shipped import selectors_dir
+from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS, pairs_digest
+from hf_memory.selection.behavioural_search import ShiftObjective, best_strength, check_weight
 
 from ..bigfive.task import CAA_FRAMES, answer_items, load_items
 from ..metrics import load_metric
@@ -240,8 +240,8 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
 
 def _site_mass(model, tokenizer, method: MemoryMethod, prompts: Sequence[str]) -> dict[str, Any]:
     """Mean routing mass (prompt / each bank) per steered layer over ``prompts``."""
-    from hf_memory.chat import encode_chats
-    from hf_memory.steering import steer
+    from hf_memory.chat.generation import encode_chats
+    from hf_memory.steering.handle import steer
 
     batch = encode_chats(tokenizer, [method.messages(p) for p in prompts]).to(model.device)
     with steer(model, method.banks, selector=method.selector, **method.steering) as handle:

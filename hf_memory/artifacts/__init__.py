@@ -1,0 +1,1 @@
+"""How artifacts reach disk and the Hub: crash-safe writes, uploads."""

@@ -1,0 +1,247 @@
+"""A set of memory banks for one model: the unit that is saved, loaded and pushed like an adapter.
+
+Directory layout (``save_pretrained``)::
+
+    config.json        format version, library version, model fingerprint, mixture settings,
+                       per-bank metadata (name, role, gain, layers, shapes, dtype, content hash,
+                       provenance: source text, its hash, templates, token ids)
+    banks.safetensors  ``{i}.keys`` / ``{i}.values`` ``[L_b, KVH, M, D]`` (+ ``{i}.phases`` or
+                       ``{i}.positions`` ``[M]``)
+    README.md          a bank card that discloses the steering content
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from hf_memory.artifacts.atomic_files import write_json, write_safetensors, write_text
+from hf_memory.artifacts.cards import render_bank_card
+from hf_memory.banks.bank import MemoryBank
+from hf_memory.models.adapters import get_adapter
+from hf_memory.models.fingerprint import compare_fingerprints, model_fingerprint
+
+__all__ = ["FORMAT_VERSION", "BankSet", "BankSetFormatError"]
+
+FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "banks.safetensors"
+CARD_NAME = "README.md"
+_CONFIG_KEYS = {"format_version", "library", "library_version", "kind", "fingerprint", "gamma",
+                "size_normalize", "banks"}
+_BANK_KEYS = {"name", "role", "gain", "layers", "num_slots", "num_kv_heads", "head_dim",
+              "dtype", "content_hash", "provenance", "has_phases", "has_positions"}
+
+
+class BankSetFormatError(ValueError):
+    """A saved bank set is missing, corrupt or inconsistent."""
+
+
+class BankSet:
+    """Memory banks plus the model fingerprint they were made for and the mixture settings.
+
+    Args:
+        banks: the banks; at most one ``target`` and one ``reference`` (concatenate variants
+            with :meth:`MemoryBank.concat`), any number of ``auxiliary``.
+        model: if given, its fingerprint is recorded and the banks are checked against it.
+        gamma: sharpness γ of the contrastive gates g± = σ(±γΔ).
+        size_normalize: use size-normalised evidence (eq. 5, 9).
+    """
+
+    def __init__(
+        self,
+        banks: Sequence[MemoryBank],
+        *,
+        model: nn.Module | None = None,
+        fingerprint: dict[str, Any] | None = None,
+        gamma: float = 1.0,
+        size_normalize: bool = True,
+    ) -> None:
+        self.banks = list(banks)
+        names = [bank.name for bank in self.banks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"bank names must be unique, got {names}")
+        for role in ("target", "reference"):
+            if sum(bank.role == role for bank in self.banks) > 1:
+                raise ValueError(f"a bank set holds at most one {role} bank; join variants with "
+                                 "MemoryBank.concat")
+        if not float(gamma) == float(gamma) or abs(float(gamma)) == float("inf"):
+            raise ValueError(f"gamma must be finite, got {gamma}")
+        self.gamma = float(gamma)
+        self.size_normalize = bool(size_normalize)
+        self.fingerprint = model_fingerprint(model) if model is not None else fingerprint
+        if model is not None:
+            self.check_model(model)
+
+    def __len__(self) -> int:
+        return len(self.banks)
+
+    def __iter__(self):
+        return iter(self.banks)
+
+    def __getitem__(self, name: str) -> MemoryBank:
+        for bank in self.banks:
+            if bank.name == name:
+                return bank
+        raise KeyError(f"no bank named {name!r}; banks: {[b.name for b in self.banks]}")
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raise if these banks cannot be applied to ``model``."""
+        get_adapter(model)
+        self.check_fingerprint(model_fingerprint(model))
+
+    def check_fingerprint(self, actual: dict[str, Any], *, ignore: tuple[str, ...] = ()) -> None:
+        """Raise if these banks cannot be applied to the model with fingerprint ``actual``
+        (:func:`~hf_memory.models.fingerprint.fingerprint_of`; ``ignore``: keys not compared)."""
+        if self.fingerprint is not None:
+            compare_fingerprints(self.fingerprint, actual, "this bank set", ignore=ignore)
+        for bank in self.banks:
+            expected = (actual["num_key_value_heads"], actual["head_dim"])
+            if (bank.num_kv_heads, bank.head_dim) != expected:
+                raise ValueError(
+                    f"bank {bank.name!r} has {bank.num_kv_heads} KV heads of width "
+                    f"{bank.head_dim}; the model has {expected[0]} of width {expected[1]}")
+            if max(bank.layers) >= actual["num_hidden_layers"]:
+                raise ValueError(f"bank {bank.name!r} covers layer {max(bank.layers)}; the model "
+                                 f"has {actual['num_hidden_layers']} layers")
+
+    def audit(self) -> list[dict[str, Any]]:
+        """Name, role, gain and content hash of every bank (what steering records)."""
+        return [{"name": b.name, "role": b.role, "gain": b.gain, "content_hash": b.content_hash()}
+                for b in self.banks]
+
+    def _config(self) -> dict[str, Any]:
+        from hf_memory import __version__
+
+        return {
+            "format_version": FORMAT_VERSION,
+            "kind": "memory_inception_bank_set",
+            "library": "hf-memory",
+            "library_version": __version__,
+            "fingerprint": self.fingerprint,
+            "gamma": self.gamma,
+            "size_normalize": self.size_normalize,
+            "banks": [{
+                "name": b.name, "role": b.role, "gain": b.gain, "layers": list(b.layers),
+                "num_slots": b.num_slots, "num_kv_heads": b.num_kv_heads,
+                "head_dim": b.head_dim, "dtype": str(b.keys.dtype).removeprefix("torch."),
+                "content_hash": b.content_hash(), "provenance": b.provenance,
+                "has_phases": b.phases is not None, "has_positions": b.positions is not None,
+            } for b in self.banks],
+        }
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        """Write ``banks.safetensors``, ``config.json`` and a ``README.md`` bank card.
+
+        Each file is written atomically, the tensors before the config that names their content
+        hashes, so a killed save leaves the previous bank set or the new one, and in the instant
+        between the two renames a mix that :meth:`from_pretrained` refuses by its hashes."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for i, bank in enumerate(self.banks):
+            tensors[f"{i}.keys"] = bank.keys.detach().contiguous().cpu()
+            tensors[f"{i}.values"] = bank.values.detach().contiguous().cpu()
+            for label in ("phases", "positions"):
+                if getattr(bank, label) is not None:
+                    tensors[f"{i}.{label}"] = getattr(bank, label).detach().contiguous().cpu()
+        config = self._config()
+        write_safetensors(directory / WEIGHTS_NAME, tensors, metadata={"format": "pt"})
+        write_json(directory / CONFIG_NAME, config)
+        write_text(directory / CARD_NAME, render_bank_card(config))
+        return directory
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_repo: str | os.PathLike,
+        *,
+        model: nn.Module | None = None,
+        revision: str | None = None,
+        token: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> BankSet:
+        """Load a saved bank set (a local directory, or a Hub repo id through the Hub cache).
+
+        With ``model``, the fingerprint and shapes are checked against it. Corrupt or
+        inconsistent files raise :class:`BankSetFormatError`.
+        """
+        directory = Path(path_or_repo)
+        if not directory.is_dir():
+            from huggingface_hub import snapshot_download
+
+            directory = Path(snapshot_download(
+                str(path_or_repo), revision=revision, token=token, cache_dir=cache_dir,
+                allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME]))
+        config = _read_config(directory)
+        try:
+            tensors = load_file(directory / WEIGHTS_NAME)
+        except (SafetensorError, OSError) as error:
+            raise BankSetFormatError(f"{directory / WEIGHTS_NAME} is unreadable: {error}") from None
+        banks = []
+        for i, meta in enumerate(config["banks"]):
+            unknown = set(meta) - _BANK_KEYS
+            if unknown:
+                warnings.warn(f"bank {i}: ignoring unknown keys {sorted(unknown)}", stacklevel=2)
+            try:
+                bank = MemoryBank(
+                    name=meta["name"], role=meta["role"], gain=meta["gain"],
+                    layers=tuple(meta["layers"]), keys=tensors[f"{i}.keys"],
+                    values=tensors[f"{i}.values"], phases=tensors.get(f"{i}.phases"),
+                    positions=tensors.get(f"{i}.positions"), provenance=meta["provenance"])
+            except KeyError as error:
+                raise BankSetFormatError(f"bank {i} in {directory} lacks {error}") from None
+            if bank.content_hash() != meta["content_hash"]:
+                raise BankSetFormatError(
+                    f"bank {meta['name']!r} in {directory} does not match its recorded content "
+                    "hash: the file is corrupt or was edited")
+            banks.append(bank)
+        bank_set = cls(banks, fingerprint=config["fingerprint"], gamma=config["gamma"],
+                       size_normalize=config["size_normalize"])
+        if model is not None:
+            bank_set.check_model(model)
+        return bank_set
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | None = None,
+        commit_message: str = "Upload memory bank set",
+    ) -> str:
+        """Create (if needed) a Hub model repo and upload the saved bank set to it."""
+        from hf_memory.artifacts.hub_upload import upload_saved
+
+        return upload_saved(self.save_pretrained, repo_id, private=private, token=token,
+                            commit_message=commit_message)
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / CONFIG_NAME
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BankSetFormatError(f"{directory} holds no {CONFIG_NAME}") from None
+    except ValueError as error:
+        raise BankSetFormatError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(config, dict) or config.get("kind") != "memory_inception_bank_set":
+        raise BankSetFormatError(f"{path} does not describe a memory-inception bank set")
+    if config.get("format_version") != FORMAT_VERSION:
+        raise BankSetFormatError(f"{path} has format version {config.get('format_version')!r}; "
+                                 f"this library reads version {FORMAT_VERSION}")
+    missing = {"fingerprint", "gamma", "size_normalize", "banks"} - set(config)
+    if missing:
+        raise BankSetFormatError(f"{path} lacks {sorted(missing)}")
+    unknown = set(config) - _CONFIG_KEYS
+    if unknown:
+        warnings.warn(f"{path}: ignoring unknown keys {sorted(unknown)}", stacklevel=3)
+    return config

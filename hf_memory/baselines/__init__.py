@@ -1,0 +1,1 @@
+"""The methods memory is compared with (CAA, visible prompt) behind one interface."""

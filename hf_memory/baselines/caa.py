@@ -1,0 +1,231 @@
+"""Contrastive activation addition (CAA), the residual-steering baseline of the paper (section 4).
+
+Extraction: run each (positive, negative) text pair through the frozen model and record the
+residual stream right after attention at layer ℓ — h + Attn(h), the input of
+``post_attention_layernorm`` (h + Norm(Attn(h)) in the post-norm OLMo-2 and Gemma, the input of
+the next module: see the adapters) — averaged over the text's tokens (or its last token). The
+vector is the mean of positive minus negative over pairs.
+
+Application: ``scale · v`` is added to what joins the residual stream after attention at layer ℓ
+(the attention output, or the norm on it in a post-norm layer — so the stream read at extraction
+moves by exactly ``scale · v``) at every position from
+``start_position`` on (one for the batch, or one per row), generated tokens included. Positions
+count from the start of the cached sequence, so a prompt of length P with ``start_position=P``
+steers the generated tokens only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Sequence
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from hf_memory.artifacts.atomic_files import write_json, write_safetensors, write_text
+from hf_memory.models.adapters import get_adapter
+from hf_memory.models.fingerprint import check_fingerprint, model_fingerprint
+from hf_memory.models.transformers_compat import cache_from_kwargs
+from hf_memory.steering.call_scope import CallScope
+
+__all__ = ["CAAHandle", "CAAVectors", "apply_caa"]
+
+FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "caa_vectors.safetensors"
+
+
+class CAAVectors:
+    """Steering vectors per layer, ``{layer: [hidden]}``, with their provenance."""
+
+    def __init__(self, vectors: dict[int, torch.Tensor], *, scale: float = 1.0,
+                 fingerprint: dict[str, Any] | None = None,
+                 provenance: dict[str, Any] | None = None) -> None:
+        if not vectors:
+            raise ValueError("CAA needs at least one layer's vector")
+        for layer, vector in vectors.items():
+            if vector.dim() != 1 or not torch.isfinite(vector).all():
+                raise ValueError(f"the CAA vector of layer {layer} must be a finite 1-D tensor")
+        self.vectors = {int(k): v for k, v in sorted(vectors.items())}
+        self.scale = float(scale)
+        self.fingerprint = fingerprint
+        self.provenance = dict(provenance or {})
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.vectors)
+
+    @classmethod
+    @torch.no_grad()
+    def extract(cls, model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]], *,
+                layers: Sequence[int], position: str = "mean", scale: float = 1.0) -> CAAVectors:
+        """Mean (positive − negative) post-attention residual over ``pairs`` at ``layers``."""
+        adapter = get_adapter(model)
+        if not pairs:
+            raise ValueError("CAA extraction needs at least one (positive, negative) pair")
+        if position not in ("mean", "last"):
+            raise ValueError(f"position must be 'mean' or 'last', got {position!r}")
+        num_layers = model.config.num_hidden_layers
+        layers = sorted({int(i) for i in layers})
+        if not layers or not all(0 <= i < num_layers for i in layers):
+            raise ValueError(f"layers must be indices in [0, {num_layers}), got {layers}")
+        norms = {str(i): adapter.residual_read(model, i) for i in layers}
+        device = next(model.parameters()).device
+
+        def residuals(text: str) -> dict[int, torch.Tensor]:
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"CAA texts must be non-empty strings, got {text!r}")
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+            store: dict[str, torch.Tensor] = {}
+            hooks = [norm.register_forward_pre_hook(
+                lambda _m, args, key=key: store.__setitem__(key, args[0].detach()))
+                for key, norm in norms.items()]
+            try:
+                model(input_ids=ids.to(device), use_cache=False)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            pick = (lambda x: x[0].mean(0)) if position == "mean" else (lambda x: x[0, -1])
+            return {i: pick(store[str(i)]).double() for i in layers}
+
+        totals = {i: torch.zeros(model.config.hidden_size, dtype=torch.float64) for i in layers}
+        for positive, negative in pairs:
+            pos, neg = residuals(positive), residuals(negative)
+            for i in layers:
+                totals[i] += (pos[i] - neg[i]).cpu()
+        dtype = next(model.parameters()).dtype
+        vectors = {i: (total / len(pairs)).to(dtype) for i, total in totals.items()}
+        digest = hashlib.sha256(json.dumps(list(pairs)).encode()).hexdigest()
+        return cls(vectors, scale=scale, fingerprint=model_fingerprint(model), provenance={
+            "pairs": [list(p) for p in pairs], "pairs_sha256": digest, "position": position,
+            "site": "post_attention"})
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
+        """Write ``config.json`` (layers, scale, fingerprint, provenance) and the vectors."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_safetensors(directory / WEIGHTS_NAME,
+                          {str(k): v.contiguous().cpu() for k, v in self.vectors.items()})
+        record = {"format_version": FORMAT_VERSION, "kind": "caa_vectors",
+                  "layers": self.layers, "scale": self.scale, "fingerprint": self.fingerprint,
+                  "provenance": self.provenance}
+        write_json(directory / CONFIG_NAME, record)
+        pairs = self.provenance.get("pairs", [])
+        card = ["---", "library_name: hf-memory", "tags:", "- caa", "- steering", "---", "",
+                "# Contrastive activation addition vectors", "",
+                f"Layers {self.layers}, scale {self.scale}, added post-attention. Extracted "
+                f"from {len(pairs)} contrastive pairs:", ""]
+        card += [f"- + `{p}` / − `{n}`" for p, n in pairs]
+        write_text(directory / "README.md", "\n".join(card) + "\n")
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, *,
+                        model: nn.Module | None = None) -> CAAVectors:
+        directory = Path(directory)
+        try:
+            record = json.loads((directory / CONFIG_NAME).read_text())
+            tensors = load_file(directory / WEIGHTS_NAME)
+        except FileNotFoundError as error:
+            raise ValueError(f"{directory} lacks {Path(error.filename).name}") from None
+        except (ValueError, SafetensorError, OSError) as error:
+            raise ValueError(f"{directory} holds corrupt CAA vectors: {error}") from None
+        if record.get("kind") != "caa_vectors" or record.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{directory / CONFIG_NAME} is not version {FORMAT_VERSION} CAA "
+                             "vectors")
+        if sorted(int(k) for k in tensors) != record["layers"]:
+            raise ValueError(f"{directory}: vectors and config disagree on layers")
+        vectors = cls({int(k): v for k, v in tensors.items()}, scale=record["scale"],
+                      fingerprint=record["fingerprint"], provenance=record["provenance"])
+        if model is not None:
+            vectors.check_model(model)
+        return vectors
+
+    def check_model(self, model: nn.Module) -> None:
+        if self.fingerprint is not None:
+            check_fingerprint(self.fingerprint, model, "these CAA vectors")
+        hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
+        for layer, vector in self.vectors.items():
+            if vector.shape[0] != hidden or layer >= layers:
+                raise ValueError(f"CAA vector for layer {layer} ({vector.shape[0]} wide) does "
+                                 f"not fit a model with {layers} layers of width {hidden}")
+
+
+# The CAA handles active in the running call. Like memory steering, CAA is a property of a call:
+# the hooks on the shared model add a vector only for the context (thread / asyncio task) that
+# activated their handle.
+_ACTIVE_CAA: ContextVar[tuple[CAAHandle, ...]] = ContextVar("hf_memory_caa", default=())
+
+
+class CAAHandle(CallScope):
+    """Adds the vectors to the calls of the context that created it (or runs a block under
+    :meth:`applied`) until removed; a context manager and a removable handle. Other threads
+    using the same model stay plain."""
+
+    variable = _ACTIVE_CAA
+    what = "CAA handle"
+
+    def __init__(self, model: nn.Module, vectors: CAAVectors, *, scale: float | None = None,
+                 start_position: int | torch.Tensor = 0, active: bool = True) -> None:
+        vectors.check_model(model)
+        start = torch.as_tensor(start_position)
+        if start.dim() > 1 or start.is_floating_point() or bool((start < 0).any()):
+            raise ValueError("start_position must be a non-negative int or a [batch] tensor of "
+                             f"them, got {start_position!r}")
+        self.scale = vectors.scale if scale is None else float(scale)
+        self.start_position = start_position
+        self._start = start.reshape(-1, 1)
+        self._offset = threading.local()  # cache length at this thread's forward pass
+        adapter = get_adapter(model)
+        parameter = next(model.parameters())
+        self._hooks = [model.register_forward_pre_hook(self._track_position, with_kwargs=True)]
+        gain = adapter.residual_gain(model)  # the stream moves by exactly scale · v
+        for layer, vector in vectors.vectors.items():
+            delta = (self.scale * vector / gain).to(device=parameter.device,
+                                                    dtype=parameter.dtype)
+            self._hooks.append(adapter.residual_write(model, layer).register_forward_hook(
+                lambda _m, _args, output, delta=delta: self._add(output, delta)))
+        self._begin(active)
+
+    def _activated(self, current: tuple[CAAHandle, ...]) -> tuple[CAAHandle, ...]:
+        return (*current, self)  # CAA handles stack: each adds its vectors
+
+    def _track_position(self, _module, _args, kwargs) -> None:
+        if self in self.variable.get():
+            cache = cache_from_kwargs(kwargs)
+            self._offset.value = 0 if cache is None else cache.get_seq_length()
+
+    def _add(self, output, delta: torch.Tensor):
+        if self not in self.variable.get():
+            return None  # another call's model: unchanged
+        hidden = output if isinstance(output, torch.Tensor) else output[0]
+        offset = getattr(self._offset, "value", 0)
+        positions = offset + torch.arange(hidden.shape[1], device=hidden.device)
+        start = self._start.to(hidden.device)
+        if start.shape[0] not in (1, hidden.shape[0]):
+            raise ValueError(f"CAA has {start.shape[0]} start positions for a batch of "
+                             f"{hidden.shape[0]}")
+        keep = (positions[None, :] >= start).to(hidden.dtype)[..., None]
+        if isinstance(output, torch.Tensor):
+            return hidden + keep * delta
+        return (hidden + keep * delta, *output[1:])
+
+    def remove(self) -> None:
+        """Detach the hooks (from any thread); a second call does nothing."""
+        self._end()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+
+def apply_caa(model: nn.Module, vectors: CAAVectors, **kwargs: Any) -> CAAHandle:
+    """``with apply_caa(model, vectors, scale=4.0): model.generate(...)``."""
+    return CAAHandle(model, vectors, **kwargs)

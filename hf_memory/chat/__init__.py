@@ -1,0 +1,1 @@
+"""Chat-style generation: batched chat-template generation and multi-turn conversations."""

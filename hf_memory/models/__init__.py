@@ -1,0 +1,3 @@
+"""The stock models memory inception steers: architecture adapters, the embedded default model,
+fingerprints, transformers compatibility.
+"""

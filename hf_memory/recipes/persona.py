@@ -1,0 +1,208 @@
+"""A user's own persona in one call: bank recipes, the budgeted search, the recipe that holds.
+
+Three recipes turn a persona text into banks (:data:`RECIPES`):
+
+- ``descriptor``: the paper's bank (eq. 6): the text's tokens as a system message, slots without
+  position, size-normalised evidence (eq. 9), the dial the strength at ρ = 1. What the shipped
+  Big Five selectors use.
+- ``prompt_like``: the same slots placed where a visible system prompt's keys would sit, just
+  before the conversation, in concatenated attention (no size normalisation, no bias at ρ = 0).
+  At every layer this is the visible prompt (less its chat markers); the budgeted search trades
+  layers and KV groups for movement, and pushes ρ above 0 where the cost allows.
+- ``exemplars``: ``prompt_like`` over the text followed by example replies in the persona's
+  voice (the target replies of some of the user's pairs, which the search then does not score):
+  a small model imitates examples far better than it follows a description.
+
+:func:`calibrate_persona` builds each recipe, calibrates a budgeted behavioural selector for it
+(:meth:`~hf_memory.selection.selector.Selector.calibrate_behavioural`: the most movement within the
+cost
+budget, net of a neutral control built by the same recipe, sites that do not hold on a
+validation split dropped) and keeps the recipe whose validation movement is largest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hf_memory.artifacts.atomic_files import write_json
+from hf_memory.banks.bank import MemoryBank
+from hf_memory.banks.bank_set import BankSet
+from hf_memory.metrics.likelihood import check_pairs
+from hf_memory.selection.behavioural_calibration import split_pairs
+from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
+from hf_memory.selection.selector import Selector
+
+__all__ = ["CAA_LAYERS", "CAA_SCALES", "DEFAULT_RECIPES", "RECIPES", "PersonaSteering",
+           "calibrate_caa", "calibrate_persona", "exemplar_text", "persona_banks"]
+
+RECIPES = {
+    "descriptor": {"placement": "free", "size_normalize": True, "exemplars": False},
+    "prompt_like": {"placement": "before", "size_normalize": False, "exemplars": False},
+    "exemplars": {"placement": "before", "size_normalize": False, "exemplars": True},
+}
+DEFAULT_RECIPES = ("prompt_like", "exemplars")
+MAX_EXEMPLARS = 8
+REPORT_NAME = "persona.json"
+CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14, 18 of 30
+CAA_SCALES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def exemplar_text(text: str, exemplars: Sequence[str]) -> str:
+    """The persona text followed by example replies in its voice."""
+    return text.rstrip() + "\n\nHow I reply:\n" + "\n".join(e.strip() for e in exemplars)
+
+
+def persona_banks(model, tokenizer, text: str, *, recipe: str = "prompt_like",
+                  exemplars: Sequence[str] = (), name: str = "persona") -> BankSet:
+    """The bank set of ``recipe`` (:data:`RECIPES`) for ``text`` (and ``exemplars``, which the
+    ``exemplars`` recipe needs), as a system message, every layer, bank gain 1."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+    spec = RECIPES[recipe]
+    if spec["exemplars"]:
+        exemplars = [e for e in exemplars if isinstance(e, str) and e.strip()]
+        if not exemplars:
+            raise ValueError("the exemplars recipe needs example replies (exemplars=[...])")
+        text = exemplar_text(text, exemplars)
+    bank = MemoryBank.from_text(model, tokenizer, text, role="target", name=name,
+                                template="{text}", context="system",
+                                placement=spec["placement"])
+    return BankSet([bank], model=model, size_normalize=spec["size_normalize"])
+
+
+@dataclass
+class PersonaSteering:
+    """What :func:`calibrate_persona` found: the chosen recipe's banks and selector, and every
+    recipe's trial (calibration and validation movement, cost, sites)."""
+
+    banks: BankSet
+    selector: Selector
+    recipe: str
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+    def method(self, strength: float = 1.0):
+        """A :class:`~hf_memory.baselines.methods.MemoryMethod` steering with it."""
+        from hf_memory.baselines.methods import MemoryMethod
+
+        return MemoryMethod(self.banks, self.selector, strength=strength)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """``directory``: the bank set, ``selector/`` the selector, ``persona.json`` the
+        trials (the layout ``hf-memory chat --banks DIR --selector DIR/selector`` reads)."""
+        directory = Path(directory)
+        self.banks.save_pretrained(directory)
+        self.selector.save_pretrained(directory / "selector")
+        write_json(directory / REPORT_NAME, {"recipe": self.recipe, "trials": self.trials})
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, *, model=None) -> PersonaSteering:
+        directory = Path(directory)
+        report = json.loads((directory / REPORT_NAME).read_text())
+        return cls(BankSet.from_pretrained(directory, model=model),
+                   Selector.from_pretrained(directory / "selector", model=model),
+                   report["recipe"], report["trials"])
+
+
+def _trial(recipe: str, selector: Selector, exemplars: int) -> dict[str, Any]:
+    config = selector.config
+    best = config["best"]
+    check = config.get("validation") or {}
+    return {"recipe": recipe, "layers": selector.layers,
+            "units": {str(k): v for k, v in selector.units.items()},
+            "strength": selector.strength, "gain": best.get("gain"),
+            "cost": best.get("cost"), "calibration_target": best["target"],
+            "validation_target": check.get("kept_validation_target"),
+            "validation": check or None, "exemplars": exemplars,
+            "search_pairs": config["search_pairs"], "validation_pairs": check.get("pairs", 0)}
+
+
+def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, str, str]], *,
+                      recipes: Sequence[str] = DEFAULT_RECIPES,
+                      cost_budget: float = DEFAULT_COST_BUDGET, top_layers: int = 6,
+                      max_exemplars: int = MAX_EXEMPLARS, progress: bool = True,
+                      **search: Any) -> PersonaSteering:
+    """Banks and a frozen selector for the persona ``text``, calibrated on ``pairs``
+    (``(prompt, reply in the persona, reply without it)``, ~20 or more).
+
+    Each recipe of ``recipes`` is calibrated within ``cost_budget`` (``**search`` goes to
+    :meth:`~hf_memory.selection.selector.Selector.calibrate_behavioural`); the ``exemplars`` recipe
+    takes
+    the target replies of up to ``max_exemplars`` pairs (a third at most, spread over the list)
+    as its examples and is calibrated on the other pairs. The recipe kept is the one whose
+    sites move the validation pairs furthest (net of the neutral control; the calibration
+    movement where no validation split was possible).
+    """
+    check_pairs(pairs)
+    pairs = list(pairs)
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown or not recipes:
+        raise ValueError(f"recipes must be among {sorted(RECIPES)}, got {list(recipes)}")
+    if cost_budget is None:
+        raise ValueError("calibrate_persona always runs within a cost budget; for the "
+                         "unbudgeted search call Selector.calibrate_behavioural(..., "
+                         "cost_budget=None)")
+    found = []
+    for recipe in dict.fromkeys(recipes):
+        exemplars, scored = [], pairs
+        if RECIPES[recipe]["exemplars"]:
+            count = min(max_exemplars, len(pairs) // 3)
+            if count < 1:
+                raise ValueError(f"the exemplars recipe needs at least 3 pairs, got {len(pairs)}")
+            scored, examples = split_pairs(pairs, count)
+            exemplars = [target for _, target, _ in examples]
+        banks = persona_banks(model, tokenizer, text, recipe=recipe, exemplars=exemplars)
+        selector = Selector.calibrate_behavioural(
+            model, tokenizer, banks, scored, cost_budget=cost_budget, top_layers=top_layers,
+            progress=progress, **search)
+        selector.config["bank_recipe"] = {"recipe": recipe, "text": text,
+                                          "exemplars": exemplars}
+        found.append((banks, selector, _trial(recipe, selector, len(exemplars))))
+
+    def held_out(trial: dict[str, Any]) -> float:
+        value = trial["validation_target"]
+        return trial["calibration_target"] if value is None else value
+
+    banks, selector, chosen = max(found, key=lambda item: held_out(item[2]))
+    return PersonaSteering(banks, selector, chosen["recipe"], [t for _, _, t in found])
+
+
+def calibrate_caa(model, tokenizer, pairs: Sequence[tuple[str, str, str]], *,
+                  layers: Sequence[int] = CAA_LAYERS, scales: Sequence[float] = CAA_SCALES,
+                  cost_budget: float = DEFAULT_COST_BUDGET, cost=None):
+    """CAA for the same pairs under the same budget, the baseline memory is compared with:
+    at each of ``layers`` (fractions of the depth, or layer indices if integers) the mean
+    (prompt + target − prompt + reference) residual, its scale
+    the best-scoring one within ``cost_budget`` on the pairs
+    (:func:`~hf_memory.selection.behavioural_search.
+    best_strength`); the layer whose best scores highest. Returns ``(CAAMethod or None when no
+    scale fits the budget, {"layer", "scale", "rows"})``."""
+    from hf_memory.baselines.caa import CAAVectors
+    from hf_memory.baselines.methods import CAAMethod
+    from hf_memory.metrics.steering_cost import NeutralCost
+    from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
+
+    check_pairs(pairs)
+    depth = model.config.num_hidden_layers
+    layers = sorted({layer if isinstance(layer, int) else min(depth - 1, round(layer * depth))
+                     for layer in layers})
+    cost = cost if cost is not None else NeutralCost(model, tokenizer)
+    objective = ShiftObjective(model, tokenizer, pairs, cost=cost)
+    best, record = None, {"layer": None, "scale": 0.0, "rows": {}}
+    for layer in layers:
+        vectors = CAAVectors.extract(model, tokenizer, [(f"{p} {t}", f"{p} {r}")
+                                                        for p, t, r in pairs], layers=[layer])
+        scale, rows = best_strength(objective, lambda s, v=vectors: CAAMethod(v, scale=s),
+                                    scales, cost_budget=cost_budget)
+        record["rows"][str(layer)] = rows
+        if scale > 0:
+            score = next(r["score"] for r in rows if r["strength"] == scale)
+            if best is None or score > best[0]:
+                best = (score, CAAMethod(vectors, scale=scale))
+                record.update(layer=layer, scale=scale)
+    return (None if best is None else best[1]), record

@@ -1,0 +1,1 @@
+"""Where to steer: the selector artifact and the searches that calibrate it."""

@@ -1,0 +1,193 @@
+"""Site search under a cost budget: the most target movement that keeps the model intact.
+
+The behavioural search of :mod:`hf_memory.selection.behavioural_search` ranks configurations by how
+far they
+move the calibration pairs; on a 135M model the largest movements come from sites where any bank
+breaks the model (a broken model is also less cheerful). This search scores every configuration
+(layers, then units inside them) *at the strongest dial setting its cost allows*:
+
+    cost(S, s)  = ΔNLL per token of neutral text with the banks at sites S, strength s
+    s*(S)       = the largest setting of the dial with cost(S, s) <= budget (0: none fits)
+    target(S)   = mean over target pairs of [shift(banks at S, s*) − shift(neutral bank at S, s*)]
+    score(S)    = target − uncertainty_weight·se − drift_weight·drift − cost_weight·cost
+
+The dial is an ordered grid of settings (strength, layer gain ρ): the strengths at the base
+gain ρ₀ (1 by default), then, where ``gains`` are given, full strength at each larger ρ (ρ
+multiplies every bank gain: a bias ρλ on the bank's slot logits, eq. 9), so a bank that costs
+little at full strength can be pushed past it. s* is found by bisection on the grid, which
+assumes the cost grows along it (it does on every curve measured; see BENCHMARKS.md); every
+chosen setting is measured within budget.
+Subtracting the neutral bank's movement at the same sites and strength scores content, not
+presence. Taking the strongest setting within budget is the budget rule: the most target
+movement the budget buys (movement grows with the strength on every measured curve; a user who
+wants less turns ``steer(..., strength=)`` down from there). Stages, each keeping a change only
+when the score improves:
+
+1. every candidate layer alone (all units; or every k-th with ``layer_stride``);
+2. greedy addition of the next best layers of stage 1 (``top_layers`` trials at most);
+3. greedy removal of units (KV groups of grouped-query models, else query heads) one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from tqdm.auto import tqdm
+
+from hf_memory.banks.bank_set import BankSet
+from hf_memory.baselines.methods import MemoryMethod
+from hf_memory.selection.behavioural_search import (
+    DEFAULT_COST_BUDGET,
+    ShiftObjective,
+    SiteScore,
+    check_weight,
+)
+
+__all__ = ["DEFAULT_COST_BUDGET", "DEFAULT_STRENGTHS", "PROMPT_LIKE_GAINS", "BudgetSearch"]
+
+DEFAULT_STRENGTHS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+# ρ above full strength for banks in concatenated attention (no size normalisation): measured on
+# the embedded model, positioned descriptor banks at every third layer from 12 move held-out
+# pairs +2.0 nats at ρ 0 (cost 0.03), +3.8 at ρ 1 (0.08), +5.7 at ρ 2 (0.18)
+PROMPT_LIKE_GAINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+Units = dict[int, tuple[int, ...]]
+
+
+@dataclass
+class BudgetSearch:
+    """One search (module docstring) of ``banks`` against ``objective`` (which must carry a
+    cost); ``control``: the neutral bank set whose movement at the same sites is subtracted
+    (None: raw movement)."""
+
+    objective: ShiftObjective
+    banks: BankSet
+    cost_budget: float
+    unit_type: str
+    num_units: int
+    control: BankSet | None = None
+    strengths: Sequence[float] = DEFAULT_STRENGTHS
+    base_gain: float = 1.0
+    gains: Sequence[float] = ()
+    history: list[SiteScore] = field(default_factory=list)
+    cost_probes: int = 0
+
+    def __post_init__(self) -> None:
+        check_weight("cost_budget", self.cost_budget)
+        if self.objective.cost is None:
+            raise ValueError("a cost budget needs an objective with a cost (NeutralCost)")
+        grid = sorted({float(s) for s in self.strengths})
+        if not grid or grid[0] <= 0 or grid[-1] > 1:
+            raise ValueError(f"strengths must be in (0, 1], got {list(self.strengths)}")
+        self.strengths = grid
+        check_weight("base_gain", self.base_gain)
+        for gain in self.gains:
+            check_weight("gains", gain)
+        self.settings = ([(s, float(self.base_gain)) for s in grid]
+                         + [(1.0, float(g)) for g in sorted(set(self.gains))
+                            if g > self.base_gain])
+        self._costs: dict[tuple, float] = {}
+
+    def _method(self, banks: BankSet, units: Units, index: int) -> MemoryMethod:
+        strength, gain = self.settings[index]
+        return MemoryMethod(banks, layers=sorted(units), strength=strength,
+                            units={layer: list(u) for layer, u in units.items()},
+                            unit_type=self.unit_type, layer_gains=dict.fromkeys(units, gain))
+
+    def _cost(self, units: Units, index: int) -> float:
+        key = (tuple(sorted(units.items())), index)
+        if key not in self._costs:
+            self.cost_probes += 1
+            self._costs[key] = self.objective.cost.measure(
+                self._method(self.banks, units, index))
+        return self._costs[key]
+
+    def judged_by(self, objective: ShiftObjective) -> BudgetSearch:
+        """The same search scoring ``objective`` (e.g. validation pairs) instead: the same
+        banks, control, dial and budget, and the same cost cache (a site's cost does not depend
+        on the pairs), with a history of its own."""
+        judge = replace(self, objective=objective, history=[], cost_probes=0)
+        judge._costs = self._costs
+        return judge
+
+    def strongest(self, units: Units) -> int:
+        """Index of the strongest dial setting within budget at ``units`` (-1: none)."""
+        low, high = -1, len(self.settings) - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._cost(units, middle) <= self.cost_budget:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def score(self, units: Units, index: int | None = None) -> SiteScore:
+        """Measure ``units`` at grid strength ``index`` (default: the strongest within budget);
+        no strength within budget scores as the plain model, exactly 0, without a pass."""
+        index = self.strongest(units) if index is None else index
+        layers = tuple(sorted(units))
+        frozen = tuple(sorted(units.items()))
+        if index < 0:
+            result = SiteScore(layers, 1.0, 0.0, 0.0, 0.0, strength=0.0, cost=0.0,
+                               presence=0.0 if self.control is not None else None, units=frozen)
+        else:
+            strength, gain = self.settings[index]
+            control = (self._method(self.control, units, index)
+                       if self.control is not None else None)
+            measured = self.objective.measure(self._method(self.banks, units, index),
+                                              control=control, cost=self._cost(units, index))
+            result = SiteScore(layers, gain, strength=strength, units=frozen, **measured)
+        self.history.append(result)
+        return result
+
+    def run(self, candidates: Sequence[int], *, top_layers: int, unit_search: bool = True,
+            layer_stride: int = 1, progress: bool = True) -> SiteScore:
+        """The three stages of the module docstring; returns the best configuration. With
+        ``layer_stride`` k > 1, stage 1 scores every k-th candidate only (neighbouring layers
+        act alike; a calibration costs about 1/k as much) and stage 2 adds from those."""
+        if isinstance(layer_stride, bool) or not isinstance(layer_stride, int) or layer_stride < 1:
+            raise ValueError(f"layer_stride must be a positive integer, got {layer_stride!r}")
+        candidates = sorted({int(i) for i in candidates})[::layer_stride]
+        if not candidates:
+            raise ValueError("the search needs at least one candidate layer")
+        if not 1 <= top_layers <= len(candidates):
+            raise ValueError(f"top_layers must be in [1, {len(candidates)}], got {top_layers}")
+        every = tuple(range(self.num_units))
+        bar = tqdm(desc="budgeted site search", disable=not progress)
+
+        def scored(units: Units, index: int | None = None) -> SiteScore:
+            result = self.score(units, index)
+            bar.update()
+            bar.set_postfix_str(f"best {max(h.score for h in self.history):+.2f}")
+            return result
+
+        def better(trial: SiteScore, best: SiteScore) -> bool:
+            return trial.score > best.score
+
+        singles = [scored({layer: every}) for layer in candidates]
+        order = [s.layers[0] for s in sorted(singles, key=lambda s: (-s.score, s.layers))]
+        best = max(singles, key=lambda s: (s.score, -s.layers[0]))
+        for layer in order[:top_layers]:  # the next best singles, one trial each
+            if len(best.layers) >= top_layers:
+                break
+            if layer not in best.layers:
+                trial = scored({**dict(best.units), layer: every})
+                if better(trial, best):
+                    best = trial
+        if unit_search:
+            for layer, units in list(dict(best.units).items()):
+                for unit in units:
+                    current = dict(best.units)
+                    if layer not in current or unit not in current[layer]:
+                        continue
+                    kept = tuple(u for u in current[layer] if u != unit)
+                    trial_units = {k: v for k, v in current.items() if k != layer}
+                    if kept:
+                        trial_units[layer] = kept
+                    if trial_units:
+                        trial = scored(trial_units)
+                        if better(trial, best):
+                            best = trial
+        bar.close()
+        return best

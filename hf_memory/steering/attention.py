@@ -1,0 +1,204 @@
+"""The steered attention function registered with transformers, and what each site carries.
+
+``hf_memory_sdpa`` / ``hf_memory_eager`` wrap the stock ``sdpa`` / ``eager`` attention. At a
+layer where the running call's steering (:data:`ACTIVE_STEERING`) has a site, the banks join the
+history in one softmax: merged into the stock kernel's output by its log-sum-exp
+(:mod:`hf_memory.steering.stock_attention`) where that kernel applies, else by recomputing the
+history beside it (:func:`~hf_memory.steering.mixture.bank_mixture`, the reference). Layers and
+heads without a site call the stock function unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from hf_memory.steering.mixture import (
+    BankStack,
+    bank_mixture,
+    bank_mixture_by_lse,
+    toward,
+    visible_keys,
+)
+from hf_memory.steering.stock_attention import attention_with_lse, lse_kernel_available
+
+__all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "SiteState"]
+
+BASE_IMPLEMENTATIONS = ("sdpa", "eager")
+IMPL_PREFIX = "hf_memory_"
+
+
+@dataclass
+class SiteState:
+    """What one steered attention layer needs at call time."""
+
+    heads: torch.Tensor
+    stack: BankStack | None
+    gamma: float
+    size_normalize: bool
+    all_heads: bool = False
+    routing: list[torch.Tensor] = field(default_factory=list)
+    record_routing: bool = False
+    trace_only: bool = False
+    strength: float = 1.0
+    path: str = "auto"
+
+
+def _base_attention(name: str, module: nn.Module):
+    """The stock attention function: registered (``sdpa``) or the modeling file's ``eager``."""
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState) -> None:
+    """Put the site's heads of ``mixed`` ``[B, H, T, D]`` into ``output`` ``[B, T, H, D]``: the
+    mixture, or at strength s < 1 the plain output moved the fraction s of the way to it."""
+    steered = mixed[:, site.heads]
+    if site.strength != 1.0:  # (the plain heads are only gathered when they are needed)
+        steered = toward(output[:, :, site.heads].transpose(1, 2), steered, site.strength)
+    output[:, :, site.heads] = steered.transpose(1, 2).to(output.dtype)
+
+
+# The steering of the running call (None: plain). Each thread starts with none; asyncio tasks and
+# contextvars.copy_context() carry the one of the context that started them.
+# (its value: a hf_memory.steering.handle.CallSteering)
+ACTIVE_STEERING: ContextVar[Any] = ContextVar("hf_memory_steering", default=None)
+
+
+
+def _base_attention(name: str, module: nn.Module):
+    """The stock attention function: registered (``sdpa``) or the modeling file's ``eager``."""
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState) -> None:
+    """Put the site's heads of ``mixed`` ``[B, H, T, D]`` into ``output`` ``[B, T, H, D]``: the
+    mixture, or at strength s < 1 the plain output moved the fraction s of the way to it."""
+    steered = mixed[:, site.heads]
+    if site.strength != 1.0:  # (the plain heads are only gathered when they are needed)
+        steered = toward(output[:, :, site.heads].transpose(1, 2), steered, site.strength)
+    output[:, :, site.heads] = steered.transpose(1, 2).to(output.dtype)
+
+
+def _by_lse(site: SiteState, base_name: str, query: torch.Tensor, dropout: float,
+            kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``site`` merges its banks into the stock kernel's output by log-sum-exp (the
+    model's SDPA attention with no soft-cap, sinks or position bias, a kernel that returns the
+    log-sum-exp for this device and dtype, and no routing to record); else the history is
+    recomputed beside the stock call (:func:`bank_mixture`)."""
+    return (site.path == "auto" and base_name == "sdpa" and not dropout
+            and not site.record_routing and not site.trace_only
+            and not any(kwargs.get(name) is not None
+                        for name in ("softcap", "s_aux", "sinks", "position_bias"))
+            and lse_kernel_available(query))
+
+
+def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
+                  scaling: float, heads: torch.Tensor | None) -> torch.Tensor:
+    """The steered output ``[B, Hs, T, D]`` of the query heads ``heads`` (None: all) from the
+    stock kernel's attention over the history and its log-sum-exp (no copy of the cache in
+    float32: only the bank slots are scored in the compute dtype)."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal_skip = attention_mask is None and q_len in (1, kv_len)
+    visible = None if causal_skip else visible_keys(attention_mask, q_len, kv_len, query.device)
+    group = query.shape[1] // key.shape[1]
+    if heads is None:
+        kv_index = torch.arange(query.shape[1], device=query.device) // group
+    else:
+        kv_index = heads // group
+        q_pre, query = q_pre[:, heads], query[:, heads]
+        if visible is not None and visible.shape[1] != 1:
+            visible = visible[:, heads]
+    history, lse = attention_with_lse(query, key, value, visible, scaling=scaling,
+                                      kv_index=None if heads is None else kv_index)
+    if not site.size_normalize:
+        log_count = 0.0
+    elif visible is None:  # causal: row i of a prefill sees i + 1 keys, a decoded token all
+        count = torch.arange(kv_len - q_len + 1, kv_len + 1, device=query.device)
+        log_count = count.to(site.stack.keys.dtype).log()
+    else:
+        log_count = visible.sum(-1).clamp(min=1).to(site.stack.keys.dtype).log()
+    return bank_mixture_by_lse(history, lse, q_pre, query, site.stack, kv_index=kv_index,
+                               scaling=scaling, log_count=log_count, gamma=site.gamma,
+                               size_normalize=site.size_normalize, strength=site.strength)
+
+
+def _steered_attention(base_name: str):
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                  **kwargs):
+        base = _base_attention(base_name, module)
+        handle = ACTIVE_STEERING.get()
+        groups = () if handle is None else handle._groups(module)
+        if not groups:
+            return base(module, query, key, value, attention_mask, scaling=scaling,
+                        dropout=dropout, **kwargs)
+        q_pre = handle._take_query(module)
+        if q_pre is None:
+            raise RuntimeError("steered attention ran without its pre-RoPE query hook")
+        scaling = module.scaling if scaling is None else scaling
+        (rows, site), *others = groups
+        if all(_by_lse(site, base_name, query, dropout, kwargs) for _, site in groups):
+            if rows is None and not others and site.all_heads:  # one call, no stock call
+                mixed = _mixed_by_lse(q_pre, query, key, value, attention_mask, site,
+                                      scaling, None)
+                return mixed.transpose(1, 2).to(query.dtype), None
+            output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
+                                   dropout=dropout, **kwargs)
+            for rows, site in groups:
+                part = slice(None) if rows is None else rows
+                mask = (attention_mask if attention_mask is None or attention_mask.shape[0] == 1
+                        else attention_mask[part])
+                mixed = _mixed_by_lse(q_pre[part], query[part], key[part], value[part],
+                                      mask, site, scaling, site.heads)
+                steered = output[part]
+                steered[:, :, site.heads] = mixed.transpose(1, 2).to(output.dtype)
+                output[part] = steered
+            return output, weights
+        visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
+        if rows is not None or others:  # per-row banks: each group of rows under its own
+            output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
+                                   dropout=dropout, **kwargs)
+            for rows, site in groups:
+                seen = visible if visible is None or visible.shape[0] == 1 else visible[rows]
+                mixed, _ = bank_mixture(
+                    q_pre[rows], query[rows], key[rows], value[rows], seen, site.stack,
+                    scaling=scaling, gamma=site.gamma, size_normalize=site.size_normalize,
+                    softcap=kwargs.get("softcap"))
+                part = output[rows]
+                _write_steered(part, mixed, site)
+                output[rows] = part
+            return output, weights
+        mixed, routing = bank_mixture(
+            q_pre, query, key, value, visible, site.stack, scaling=scaling, gamma=site.gamma,
+            size_normalize=site.size_normalize, with_routing=site.record_routing,
+            softcap=kwargs.get("softcap"))
+        if site.record_routing:
+            site.routing.append(routing[:, site.heads].detach())
+        if site.trace_only:
+            return base(module, query, key, value, attention_mask, scaling=scaling,
+                        dropout=dropout, **kwargs)
+        if site.all_heads and site.strength == 1.0:
+            return mixed.transpose(1, 2).to(query.dtype), None
+        output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
+                               dropout=dropout, **kwargs)
+        _write_steered(output, mixed, site)
+        return output, weights
+
+    return attention
+
+
+for _base in BASE_IMPLEMENTATIONS:
+    AttentionInterface.register(IMPL_PREFIX + _base, _steered_attention(_base))
+    AttentionMaskInterface.register(IMPL_PREFIX + _base, ALL_MASK_ATTENTION_FUNCTIONS[_base])
