@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from hf_memory.models.transformers_compat import cache_kwargs, output_cache
-from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked
+from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunk_autograd
 
 
 def naive_loop(logits: torch.Tensor, v: torch.Tensor, q: torch.Tensor, key_logits: torch.Tensor,
@@ -79,8 +79,8 @@ def scan_inputs(t: int, heads: int, slots: int, width: int) -> list[torch.Tensor
 
 def chunked(logits: torch.Tensor, v: torch.Tensor, q: torch.Tensor, key_logits: torch.Tensor,
             gamma: torch.Tensor) -> torch.Tensor:
-    """The model's scan + read (:func:`asa_attend_chunked`, default chunk size 64)."""
-    return asa_attend_chunked(logits, v, q, key_logits, gamma)[0]
+    """The model's scan + read (:func:`asa_attend_chunk_autograd`, default chunk size 64)."""
+    return asa_attend_chunk_autograd(logits, v, q, key_logits, gamma)[0]
 
 
 def decode_ms_per_token(model: ASMForCausalLM, contexts: list[int],

@@ -26,8 +26,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from hf_memory.models.transformers_compat import cache_kwargs, output_cache
-from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked
-from modeling.asm.asm_kernels import asa_attend_triton
+from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunk_autograd
+from modeling.asm.asm_fused_recurrent import asa_attend_fused_recurrent
 from modeling.asm.baseline_asm import matched_llama_config
 
 CUDA = torch.device("cuda")
@@ -104,7 +104,7 @@ def gsa_step(b: int, t: int, h: int, k: int, d: int):
 
 def layer_table(args, config: ASMConfig, rows: list[dict]) -> None:
     h, k, d = config.num_attention_heads, config.num_slots, config.head_dim
-    chunked = lambda *x: asa_attend_chunked(*x, chunk_size=config.chunk_size)  # noqa: E731
+    chunked = lambda *x: asa_attend_chunk_autograd(*x, chunk_size=config.chunk_size)  # noqa: E731
     print(f"# one ASM-57M layer (H={h} K={k} d={d}), scan + read fwd+bwd, bf16 inputs")
     print(f"{'B':>3} {'T':>6} {'triton tok/s':>13} {'torch tok/s':>12} {'loop tok/s':>11} "
           f"{'triton/torch':>12} {'mem triton/torch GiB':>21}")
@@ -112,7 +112,7 @@ def layer_table(args, config: ASMConfig, rows: list[dict]) -> None:
         for t in args.lengths:
             inputs = scan_inputs(b, t, h, k, d)
             row = {"section": "layer", "B": b, "T": t}
-            for name, fn in (("triton", asa_attend_triton), ("torch", chunked)):
+            for name, fn in (("triton", asa_attend_fused_recurrent), ("torch", chunked)):
                 sec, mem = timed(scan_step(fn, inputs), args.repeats)
                 row[name] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
             if t <= args.loop_max:

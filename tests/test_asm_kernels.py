@@ -7,13 +7,13 @@ import torch
 
 from modeling.asm import (
     ScanState,
-    asa_attend_chunked,
-    asa_attend_ref,
-    causal_linear_attention_chunked,
-    causal_linear_attention_ref,
-    slot_states_ref,
+    asa_attend_chunk_autograd,
+    asa_attend_naive,
+    causal_linear_attention_chunk_autograd,
+    causal_linear_attention_naive,
+    slot_states_naive,
 )
-from modeling.asm.asm_kernels import _band_width, _scan_bands
+from modeling.asm.asm_common import band_width, scan_bands
 from modeling.asm.modeling_asm import alibi_slopes
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -67,8 +67,9 @@ def test_chunked_matches_reference_outputs_and_every_gradient(shape, chunk, fuse
     b, t, h, k, d = shape
     inputs = make_inputs(*shape)
     weight = torch.randn(k, k)
-    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, fused)
-    out, grad = run(asa_attend_chunked, inputs, weight, torch.float32, fused, chunk_size=chunk)
+    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, fused)
+    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, fused,
+                    chunk_size=chunk)
     for a, e in zip(out, ref_out, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, e, **TOL)
@@ -81,7 +82,7 @@ def test_chunked_matches_reference_outputs_and_every_gradient(shape, chunk, fuse
 def test_chunk_size_invariance(shape):
     inputs = make_inputs(*shape)
     weight = torch.randn(shape[3], shape[3])
-    results = [run(asa_attend_chunked, inputs, weight, torch.float32, False, chunk_size=c)
+    results = [run(asa_attend_chunk_autograd, inputs, weight, torch.float32, False, chunk_size=c)
                for c in (1, 3, 8, 16, shape[1])]
     first_out, first_grad = results[0]
     for out, grad in results[1:]:
@@ -96,8 +97,8 @@ def test_long_range_of_logits_across_chunks_stays_exact():
     inputs = make_inputs(b, t, h, k, d, pad=False, logit_scale=1.0)
     inputs["logits"] = inputs["logits"] + 0.5 * torch.arange(t, dtype=torch.float32)[:, None]
     weight = torch.randn(k, k)
-    ref_out, _ = run(asa_attend_ref, inputs, weight, torch.float64, False)
-    out, _ = run(asa_attend_chunked, inputs, weight, torch.float32, False, chunk_size=16)
+    ref_out, _ = run(asa_attend_naive, inputs, weight, torch.float64, False)
+    out, _ = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, False, chunk_size=16)
     for a, e in zip(out, ref_out, strict=True):
         torch.testing.assert_close(a, e, **TOL)
 
@@ -115,20 +116,20 @@ def test_gradcheck_reference_float64():
     args = [a.requires_grad_() for a in args]
 
     def fn(lg, v, q, kl, gamma, w):
-        o, r, delta = asa_attend_ref(lg, v, q, kl, gamma, 0.9, lambda x: torch.tanh(x @ w))
+        o, r, delta = asa_attend_naive(lg, v, q, kl, gamma, 0.9, lambda x: torch.tanh(x @ w))
         return o, r, delta
 
     assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-6)
     lin = [torch.rand(1, 2, 6, 3, generator=gen, dtype=torch.float64).requires_grad_()
            for _ in range(3)]
-    assert torch.autograd.gradcheck(causal_linear_attention_ref, lin, eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(causal_linear_attention_naive, lin, eps=1e-6, atol=1e-6)
 
 
 def test_reference_slot_states_are_the_papers_formula():
     """``slot_s(t) = sum_{tau<=t} exp(l) v / sum_{tau<=t} exp(l)`` written out as a loop."""
     logits, v = torch.randn(1, 1, 6, 2, dtype=torch.float64), torch.randn(1, 1, 6, 3,
                                                                           dtype=torch.float64)
-    slots = slot_states_ref(logits, v)
+    slots = slot_states_naive(logits, v)
     for t in range(6):
         for s in range(2):
             e = logits[0, 0, : t + 1, s].exp()
@@ -143,11 +144,12 @@ def test_causality(chunk):
     b, t, h, k, d = 2, 21, 2, 5, 4
     inputs = make_inputs(b, t, h, k, d, pad=False)
     weight = torch.randn(k, k)
-    out, _ = run(asa_attend_chunked, inputs, weight, torch.float32, False, chunk_size=chunk)
+    out, _ = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, False, chunk_size=chunk)
     changed = {name: x.clone() for name, x in inputs.items()}
     for name in ("logits", "v", "q", "key_logits"):
         changed[name][:, :, 13:] = torch.randn_like(changed[name][:, :, 13:])
-    out2, _ = run(asa_attend_chunked, changed, weight, torch.float32, False, chunk_size=chunk)
+    out2, _ = run(asa_attend_chunk_autograd, changed, weight, torch.float32, False,
+                  chunk_size=chunk)
     first = 13 // chunk * chunk
     for a, e in zip(out2, out, strict=True):
         assert torch.equal(a[:, :, :first], e[:, :, :first])
@@ -160,13 +162,13 @@ def test_state_continuation_equals_one_pass(split):
     """Prefill ``[0, split)`` then continue from the returned state (decoding is the same code)."""
     b, t, h, k, d = 2, 21, 2, 5, 4
     x = make_inputs(b, t, h, k, d)
-    full = asa_attend_chunked(**x, chunk_size=8)
-    head = asa_attend_chunked(**{n: (v[:, :, :split] if v.dim() == 4 else v)
+    full = asa_attend_chunk_autograd(**x, chunk_size=8)
+    head = asa_attend_chunk_autograd(**{n: (v[:, :, :split] if v.dim() == 4 else v)
                                  for n, v in x.items()}, chunk_size=8)
     state = head[3]
     pieces = [head[0]]
     for i in range(split, t):
-        step = asa_attend_chunked(**{n: (v[:, :, i:i + 1] if v.dim() == 4 else v)
+        step = asa_attend_chunk_autograd(**{n: (v[:, :, i:i + 1] if v.dim() == 4 else v)
                                      for n, v in x.items()}, chunk_size=8, state=state)
         pieces.append(step[0])
         state = step[3]
@@ -180,10 +182,10 @@ def test_fully_padded_rows_are_finite_with_finite_gradients():
     inputs = make_inputs(2, 12, 2, 3, 4, pad=False)
     inputs["logits"][0] = float("-inf")
     weight = torch.randn(3, 3)
-    out, grad = run(asa_attend_chunked, inputs, weight, torch.float32, True, chunk_size=5)
+    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, True, chunk_size=5)
     assert all(torch.isfinite(x).all() for x in out + grad)
     assert torch.equal(out[0][0], torch.zeros_like(out[0][0]))
-    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, True)
+    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, True)
     for a, e in zip(out + grad, ref_out + ref_grad, strict=True):
         torch.testing.assert_close(a, e, **TOL)
 
@@ -191,7 +193,8 @@ def test_fully_padded_rows_are_finite_with_finite_gradients():
 def test_empty_state_matches_no_state():
     x = make_inputs(1, 5, 1, 2, 3)
     empty = ScanState.empty(1, 1, 2, 3, torch.device("cpu"), torch.float32)
-    assert torch.equal(asa_attend_chunked(**x, state=empty)[0], asa_attend_chunked(**x)[0])
+    assert torch.equal(asa_attend_chunk_autograd(**x, state=empty)[0],
+                       asa_attend_chunk_autograd(**x)[0])
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 64], ids=lambda c: f"C{c}")
@@ -205,8 +208,8 @@ def test_causal_linear_attention_chunked_matches_reference(b, t, h, m, chunk):
     v = torch.randn(b, h, t, m)
     leaves64 = [x.double().requires_grad_() for x in (phi_q, phi_k, v)]
     leaves32 = [x.clone().requires_grad_() for x in (phi_q, phi_k, v)]
-    ref = causal_linear_attention_ref(*leaves64)
-    out, (s, z) = causal_linear_attention_chunked(*leaves32, chunk_size=chunk)
+    ref = causal_linear_attention_naive(*leaves64)
+    out, (s, z) = causal_linear_attention_chunk_autograd(*leaves32, chunk_size=chunk)
     torch.testing.assert_close(out.double(), ref, **TOL)
     torch.testing.assert_close(s.double(), (phi_k.double().transpose(-1, -2) @ v.double()),
                                **TOL)
@@ -249,10 +252,10 @@ def test_steep_logits_chunk_64_match_chunk_1_and_reference(case, fused):
     gradient are finite and equal chunk 1 and the float64 O(T^2) reference (rtol = atol = 1e-5)."""
     inputs = steep_inputs(case)
     weight = torch.randn(3, 3)
-    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, fused)
-    one_out, one_grad = run(asa_attend_chunked, inputs, weight, torch.float32, fused,
+    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, fused)
+    one_out, one_grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, fused,
                             chunk_size=1)
-    out, grad = run(asa_attend_chunked, inputs, weight, torch.float32, fused, chunk_size=64)
+    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, fused, chunk_size=64)
     for a, one, e in zip(out + grad, one_out + one_grad, ref_out + ref_grad, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, e, **TOL)
@@ -265,13 +268,13 @@ def test_steep_logits_need_bands_but_at_most_one_per_position():
     steep, never more bands than the chunk has positions."""
     flat = make_inputs(2, 130, 2, 3, 4)["logits"]
     m = torch.full((2, 2, 3), float("-inf"))
-    width = _band_width(torch.float32)
+    width = band_width(torch.float32)
     assert 39 < width < 40
-    assert _scan_bands(flat, m, 64, width).count == [1, 1, 1]
-    assert _scan_bands(steep_inputs("rise2")["logits"], m, 64, width).count[0] == 4
-    counts = _scan_bands(steep_inputs("rise50")["logits"], m, 64, width).count
+    assert scan_bands(flat, m, 64, width).count == [1, 1, 1]
+    assert scan_bands(steep_inputs("rise2")["logits"], m, 64, width).count[0] == 4
+    counts = scan_bands(steep_inputs("rise50")["logits"], m, 64, width).count
     assert counts[0] == 64 and counts[2] == 2
-    assert _scan_bands(steep_inputs("rise50")["logits"], m, 1, width).count == [1] * 130
+    assert scan_bands(steep_inputs("rise50")["logits"], m, 1, width).count == [1] * 130
 
 
 @pytest.mark.parametrize("case", ["rise2", "recency4"])
@@ -279,13 +282,14 @@ def test_steep_logits_prefill_equals_token_by_token_decode(case):
     """Prefill of 70 steep positions at chunk 64, then one-token steps from the returned state
     (the decode path), equal one pass and the float64 reference; so does the final state."""
     x = steep_inputs(case, t=90)
-    ref = asa_attend_ref(**x)[0]
-    full = asa_attend_chunked(**x, chunk_size=64)
-    head = asa_attend_chunked(**{n: (v[:, :, :70] if v.dim() == 4 else v) for n, v in x.items()},
+    ref = asa_attend_naive(**x)[0]
+    full = asa_attend_chunk_autograd(**x, chunk_size=64)
+    head = asa_attend_chunk_autograd(**{n: (v[:, :, :70] if v.dim() == 4 else v) for n,
+                                        v in x.items()},
                               chunk_size=64)
     state, pieces = head[3], [head[0]]
     for i in range(70, 90):
-        step = asa_attend_chunked(**{n: (v[:, :, i:i + 1] if v.dim() == 4 else v)
+        step = asa_attend_chunk_autograd(**{n: (v[:, :, i:i + 1] if v.dim() == 4 else v)
                                      for n, v in x.items()}, chunk_size=64, state=state)
         pieces.append(step[0])
         state = step[3]
@@ -302,7 +306,7 @@ def test_steep_logits_float64_chunked_matches_reference():
     """The chunked form in float64 (bands of ~319) on logits rising by 50 per token."""
     inputs = steep_inputs("rise50", t=70, dtype=torch.float64)
     weight = torch.randn(3, 3)
-    ref_out, ref_grad = run(asa_attend_ref, inputs, weight, torch.float64, False)
-    out, grad = run(asa_attend_chunked, inputs, weight, torch.float64, False, chunk_size=64)
+    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, False)
+    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float64, False, chunk_size=64)
     for a, e in zip(out + grad, ref_out + ref_grad, strict=True):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)

@@ -15,6 +15,8 @@ from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM, ASMModel, Refineme
 from modeling.asm.modeling_asm import _rotate, _StepConstants, alibi_slopes
 from tests.remote_code import assert_remote_code_load_is_exact
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 VOCAB = 61
 
@@ -322,8 +324,10 @@ def test_save_pretrained_round_trip(tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["auto_map"] == {"AutoConfig": "configuration_asm.ASMConfig",
                                  "AutoModelForCausalLM": "modeling_asm.ASMForCausalLM"}
-    assert {"configuration_asm.py", "modeling_asm.py", "asm_kernels.py",
+    assert {"configuration_asm.py", "modeling_asm.py", "asm_ops.py", "asm_common.py",
+            "asm_chunk.py", "asm_chunk_autograd.py", "asm_recurrent.py", "asm_fused_recurrent.py",
             "model.safetensors"} <= {p.name for p in tmp_path.iterdir()}
+    assert not (tmp_path / "asm_naive.py").exists()  # the references stay out of the Hub folder
     loaded = ASMForCausalLM.from_pretrained(tmp_path).eval()
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(),
                                  strict=True):

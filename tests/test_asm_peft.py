@@ -18,8 +18,8 @@ MLP = ["up_proj", "down_proj"]
 SLOT_SPACE = ["slot_in", "slot_q", "slot_k", "slot_v", "slot_out"]
 # peft 0.21 asks every transformers model for `is_gradient_checkpointing`, which transformers 5
 # deprecates: not ours to fix.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+pytestmark = [pytest.mark.compat, pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")]
 
 
 def tiny_model() -> ASMForCausalLM:

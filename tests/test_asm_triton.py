@@ -12,18 +12,16 @@ from modeling.asm import (  # noqa: E402
     ASMConfig,
     ASMForCausalLM,
     asa_attend,
-    asa_attend_chunked,
-    asa_attend_ref,
+    asa_attend_chunk_autograd,
+    asa_attend_naive,
 )
-from modeling.asm.asm_kernels import (  # noqa: E402
-    asa_attend_triton,
-    causal_linear_attention_ref,
-    causal_linear_attention_triton,
-    slot_read_ref,
-    slot_read_triton,
-    slot_scores_ref,
-    slot_scores_triton,
+from modeling.asm.asm_fused_recurrent import (  # noqa: E402
+    asa_attend_fused_recurrent,
+    causal_linear_attention_fused_recurrent,
+    slot_read_fused_recurrent,
+    slot_scores_fused_recurrent,
 )
+from modeling.asm.asm_naive import causal_linear_attention_naive, slot_read_naive, slot_scores_naive  # noqa: E402
 from tests.test_asm_kernels import run as run_kernels  # noqa: E402
 from tests.test_asm_kernels import steep_inputs  # noqa: E402
 
@@ -60,8 +58,8 @@ def test_kernels_match_reference_outputs_and_every_gradient(shape, op):
     b, t, h, k, d = shape
     logits, v = scan_inputs(*shape)
     first = torch.randn(b, h, t, k) if op == "read" else torch.randn(b, h, t, d)
-    kernel, ref = ((slot_read_triton, slot_read_ref) if op == "read"
-                   else (slot_scores_triton, slot_scores_ref))
+    kernel, ref = ((slot_read_fused_recurrent, slot_read_naive) if op == "read"
+                   else (slot_scores_fused_recurrent, slot_scores_naive))
     out, grads = outputs_and_grads(kernel, [first, logits, v], torch.float32)
     ref_out, ref_grads = outputs_and_grads(ref, [first, logits, v], torch.float64)
     torch.testing.assert_close(out, ref_out, **TOL)
@@ -90,7 +88,8 @@ def test_asa_attend_triton_matches_reference(fused):
         return [x.detach().double() for x in outs] + [
             g.double() for g in torch.autograd.grad(loss, used)]
 
-    for a, e in zip(run(asa_attend_triton, torch.float32), run(asa_attend_ref, torch.float64),
+    for a, e in zip(run(asa_attend_fused_recurrent, torch.float32), run(asa_attend_naive,
+                                                                        torch.float64),
                     strict=True):
         torch.testing.assert_close(a, e, **TOL)
 
@@ -99,16 +98,17 @@ def test_state_continuation_and_final_state_match_chunked():
     b, t, h, k, d = 1, 7, 2, 3, 4
     logits, v = scan_inputs(b, t, h, k, d)
     a = torch.randn(b, h, t, k)
-    full, final = slot_read_triton(a, logits, v)
-    head, state = slot_read_triton(a[:, :, :4], logits[:, :, :4], v[:, :, :4])
+    full, final = slot_read_fused_recurrent(a, logits, v)
+    head, state = slot_read_fused_recurrent(a[:, :, :4], logits[:, :, :4], v[:, :, :4])
     pieces = [head]
     for i in range(4, t):
-        step, state = slot_read_triton(a[:, :, i:i + 1], logits[:, :, i:i + 1], v[:, :, i:i + 1],
+        step, state = slot_read_fused_recurrent(a[:, :, i:i + 1], logits[:, :, i:i + 1], v[:, :,
+                                                                                           i:i + 1],
                                        state)
         pieces.append(step)
     torch.testing.assert_close(torch.cat(pieces, dim=2), full, **TOL)
     zeros = dict(q=torch.zeros(b, h, t, d), key_logits=torch.zeros(b, h, t, k), gamma=0.0)
-    chunked_state = asa_attend_chunked(logits, v, **zeros, chunk_size=3)[3]
+    chunked_state = asa_attend_chunk_autograd(logits, v, **zeros, chunk_size=3)[3]
     for x, y in ((final.m, chunked_state.m), (final.den, chunked_state.den),
                  (final.num, chunked_state.num)):
         torch.testing.assert_close(x, y, **TOL)
@@ -121,17 +121,18 @@ def test_linear_attention_kernels_match_reference(b, t, h, m):
         b, h, t, m)
     if t > 2:
         phi_k[0, :, :2] = 0.0  # left padding: nothing written, the first reads are zero
-    out, grads = outputs_and_grads(causal_linear_attention_triton, [phi_q, phi_k, v],
+    out, grads = outputs_and_grads(causal_linear_attention_fused_recurrent, [phi_q, phi_k, v],
                                    torch.float32)
-    ref_out, ref_grads = outputs_and_grads(causal_linear_attention_ref, [phi_q, phi_k, v],
+    ref_out, ref_grads = outputs_and_grads(causal_linear_attention_naive, [phi_q, phi_k, v],
                                            torch.float64)
     torch.testing.assert_close(out, ref_out, **TOL)
     for a, e in zip(grads, ref_grads, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, e, **TOL)
-    _, state = causal_linear_attention_triton(phi_q[:, :, : t // 2], phi_k[:, :, : t // 2],
+    _, state = causal_linear_attention_fused_recurrent(phi_q[:, :, : t // 2], phi_k[:, :, : t // 2],
                                               v[:, :, : t // 2])
-    rest, (s, z) = causal_linear_attention_triton(phi_q[:, :, t // 2:], phi_k[:, :, t // 2:],
+    rest, (s, z) = causal_linear_attention_fused_recurrent(phi_q[:, :, t // 2:], phi_k[:, :,
+                                                                                       t // 2:],
                                                   v[:, :, t // 2:], state)
     torch.testing.assert_close(rest.double(), ref_out[:, :, t // 2:], **TOL)
     torch.testing.assert_close(s, phi_k.transpose(-1, -2) @ v, **TOL)
@@ -164,8 +165,8 @@ def test_model_forward_and_decode_on_triton_match_torch():
 def test_dispatcher(monkeypatch):
     logits, v = scan_inputs(1, 4, 1, 2, 3)
     args = (logits, v, torch.randn(1, 1, 4, 3), torch.randn(1, 1, 4, 2), 0.5)
-    assert torch.equal(asa_attend(*args, backend="auto")[0], asa_attend_chunked(*args)[0])
-    assert torch.equal(asa_attend(*args, backend="triton")[0], asa_attend_triton(*args)[0])
+    assert torch.equal(asa_attend(*args, backend="auto")[0], asa_attend_chunk_autograd(*args)[0])
+    assert torch.equal(asa_attend(*args, backend="triton")[0], asa_attend_fused_recurrent(*args)[0])
     with pytest.raises(ValueError, match="backend"):
         asa_attend(*args, backend="cuda")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -183,8 +184,8 @@ def test_kernels_on_steep_logits_match_reference(case, op, t):
     logits, v = x["logits"], x["v"]
     b, h, t, k = logits.shape
     first = torch.randn(b, h, t, k) if op == "read" else torch.randn(b, h, t, v.shape[-1])
-    kernel, ref = ((slot_read_triton, slot_read_ref) if op == "read"
-                   else (slot_scores_triton, slot_scores_ref))
+    kernel, ref = ((slot_read_fused_recurrent, slot_read_naive) if op == "read"
+                   else (slot_scores_fused_recurrent, slot_scores_naive))
     out, grads = outputs_and_grads(kernel, [first, logits, v], torch.float32)
     ref_out, ref_grads = outputs_and_grads(ref, [first, logits, v], torch.float64)
     assert torch.isfinite(out).all()
@@ -201,8 +202,9 @@ def test_asa_attend_triton_equals_chunked_on_steep_logits(case, fused):
     outputs, read weights and the gradients of every input (rtol = atol = 1e-5)."""
     x = steep_inputs(case, b=1, t=70, left=4)  # chunk 0's running max rises by ~120
     weight = torch.randn(3, 3)
-    out, grad = run_kernels(asa_attend_triton, x, weight, torch.float32, fused)
-    chunked_out, chunked_grad = run_kernels(asa_attend_chunked, x, weight, torch.float32, fused,
+    out, grad = run_kernels(asa_attend_fused_recurrent, x, weight, torch.float32, fused)
+    chunked_out, chunked_grad = run_kernels(asa_attend_chunk_autograd, x, weight, torch.float32,
+                                            fused,
                                             chunk_size=64)
     for a, e in zip(out + grad, chunked_out + chunked_grad, strict=True):
         assert torch.isfinite(a).all()

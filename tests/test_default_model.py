@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_memory import embedded, generate_chat, load_default_model
+from hf_memory import generate_chat, load_default_model
 from hf_memory.models import default_model as dm
+from hf_memory.models import embedded
+
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
 
 
 def test_default_model_is_the_gqa_llama(default_model):

@@ -29,14 +29,14 @@ pytest.importorskip("triton")
 
 from hf_memory import BankSet, steer  # noqa: E402
 from hf_memory.models.transformers_compat import cache_kwargs, output_cache  # noqa: E402
-from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunked  # noqa: E402
-from modeling.asm.asm_kernels import (  # noqa: E402
-    asa_attend_triton,
-    causal_linear_attention_ref,
-    causal_linear_attention_triton,
-    slot_read_triton,
-    slot_scores_triton,
+from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunk_autograd  # noqa: E402
+from modeling.asm.asm_fused_recurrent import (  # noqa: E402
+    asa_attend_fused_recurrent,
+    causal_linear_attention_fused_recurrent,
+    slot_read_fused_recurrent,
+    slot_scores_fused_recurrent,
 )
+from modeling.asm.asm_naive import causal_linear_attention_naive  # noqa: E402
 from tests.test_memory_inception import (  # noqa: E402
     ConcatReference,
     manual_greedy,
@@ -99,7 +99,7 @@ def scan_case(op: str, t: int, dtype: torch.dtype):
 @pytest.mark.parametrize("op", ["read", "scores"])
 def test_compiled_scan_kernels_match_float64(op, t, dtype):
     inputs, proj = scan_case(op, t, dtype)
-    kernel = slot_read_triton if op == "read" else slot_scores_triton
+    kernel = slot_read_fused_recurrent if op == "read" else slot_scores_fused_recurrent
     leaves = [x.detach().requires_grad_() for x in inputs]
     out = kernel(*leaves)
     out = out[0] if isinstance(out, tuple) else out
@@ -134,11 +134,11 @@ def test_compiled_linear_attention_matches_float64(t):
     if t > 2:
         phi_k[0, :, : t // 8 + 1] = 0.0  # left padding writes nothing
     leaves = [x.requires_grad_() for x in (phi_q, phi_k, v)]
-    out, _ = causal_linear_attention_triton(*leaves)
+    out, _ = causal_linear_attention_fused_recurrent(*leaves)
     proj = torch.randn(shape, generator=gen, device=CUDA, dtype=torch.float64)
     grads = torch.autograd.grad((out.double() * proj).sum(), leaves)
     exact = [x.detach().double().requires_grad_() for x in leaves]
-    ref = causal_linear_attention_ref(*exact)
+    ref = causal_linear_attention_naive(*exact)
     ref_grads = torch.autograd.grad((ref * proj).sum(), exact)
     assert relative(out, ref.detach()) <= bound(t)
     # at T = 1, out = v whatever q and k: dq and dk vanish exactly, so measured on dv's scale
@@ -169,7 +169,8 @@ def test_compiled_asa_attend_on_steep_logits_matches_float64(t):
         grads = torch.autograd.grad(loss, leaves)
         return [o.detach(), r.detach()] + list(grads)
 
-    got, ref = run(asa_attend_triton, torch.float32), run(asa_attend_chunked, torch.float64)
+    got, ref = run(asa_attend_fused_recurrent, torch.float32), run(asa_attend_chunk_autograd,
+                                                                   torch.float64)
     finite = torch.isfinite(logits)
     for i, (a, e) in enumerate(zip(got, ref, strict=True)):
         if i == 2:

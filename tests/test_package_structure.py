@@ -98,7 +98,7 @@ def test_hf_memory_is_arranged_by_role_without_a_circle_between_its_folders():
     assert _find_cycle(edges) is None, " -> ".join(_find_cycle(edges))
 
 
-@pytest.mark.parametrize("folder", ["hf_memory"])
+@pytest.mark.parametrize("folder", ["hf_memory", "modeling"])
 def test_no_import_circle_between_modules(folder):
     edges = {}
     for path in (ROOT / folder).rglob("*.py"):

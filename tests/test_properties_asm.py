@@ -16,14 +16,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from modeling.asm import asa_attend_chunked, asa_attend_ref
-from modeling.asm.asm_kernels import (
-    _band_width,
-    _scan_bands,
-    asa_attend_step,
-    causal_linear_attention_chunked,
-    causal_linear_attention_step,
-)
+from modeling.asm import asa_attend_chunk_autograd, asa_attend_naive
+from modeling.asm.asm_chunk_autograd import causal_linear_attention_chunk_autograd
+from modeling.asm.asm_common import band_width, scan_bands
+from modeling.asm.asm_recurrent import asa_attend_step, causal_linear_attention_step
 
 TOL32 = dict(rtol=1e-5, atol=1e-5)  # the tolerance of tests/test_asm_kernels.py
 TOL64 = dict(rtol=1e-9, atol=1e-9)
@@ -129,8 +125,8 @@ def test_chunked_scan_matches_float64_reference(case, dtype):
     equal the float64 O(T^2) reference: rtol = atol = 1e-5 in float32, 1e-9 in float64 (atol
     relative to the tensor's largest magnitude where that exceeds 1, see ``assert_close``)."""
     inputs = build(case)
-    expected = outputs_and_grads(asa_attend_ref, inputs, torch.float64)
-    got = outputs_and_grads(asa_attend_chunked, inputs, dtype, chunk_size=case["chunk"])
+    expected = outputs_and_grads(asa_attend_naive, inputs, torch.float64)
+    got = outputs_and_grads(asa_attend_chunk_autograd, inputs, dtype, chunk_size=case["chunk"])
     tol = TOL32 if dtype == torch.float32 else TOL64
     for a, e in zip(got, expected, strict=True):
         assert torch.isfinite(a).all()
@@ -145,14 +141,14 @@ def test_chunk_size_invariance(case, other):
     relative to magnitudes above 1), and no chunk needs more reference bands than it has
     positions."""
     inputs = build(case)
-    first = outputs_and_grads(asa_attend_chunked, inputs, torch.float32,
+    first = outputs_and_grads(asa_attend_chunk_autograd, inputs, torch.float32,
                               chunk_size=case["chunk"])
-    second = outputs_and_grads(asa_attend_chunked, inputs, torch.float32, chunk_size=other)
+    second = outputs_and_grads(asa_attend_chunk_autograd, inputs, torch.float32, chunk_size=other)
     for a, e in zip(first, second, strict=True):
         assert_close(a, e, TOL32)
     b, t, h, k, _ = case["shape"]
     empty = torch.full((b, h, k), float("-inf"))
-    bands = _scan_bands(inputs["logits"], empty, min(other, t), _band_width(torch.float32))
+    bands = scan_bands(inputs["logits"], empty, min(other, t), band_width(torch.float32))
     assert all(1 <= n <= min(other, t) for n in bands.count)
 
 
@@ -171,19 +167,19 @@ def test_prefill_then_token_by_token_decode_equals_one_pass(case, split):
     def part(lo: int, hi: int) -> dict:
         return {n: (x[:, :, lo:hi] if x.dim() == 4 else x) for n, x in inputs.items()}
 
-    full = asa_attend_chunked(**inputs, chunk_size=chunk)
+    full = asa_attend_chunk_autograd(**inputs, chunk_size=chunk)
     state, pieces = None, []
     if split > 0:
-        head = asa_attend_chunked(**part(0, split), chunk_size=chunk)
+        head = asa_attend_chunk_autograd(**part(0, split), chunk_size=chunk)
         state, pieces = head[3], [head[0]]
     for i in range(split, t):
-        step = asa_attend_chunked(**part(i, i + 1), chunk_size=chunk, state=state)
+        step = asa_attend_chunk_autograd(**part(i, i + 1), chunk_size=chunk, state=state)
         pieces.append(step[0])
         state = step[3]
     decoded = torch.cat(pieces, dim=2)
     assert torch.isfinite(decoded).all()
     torch.testing.assert_close(decoded, full[0], **TOL32)
-    torch.testing.assert_close(decoded.double(), asa_attend_ref(**inputs)[0], **TOL32)
+    torch.testing.assert_close(decoded.double(), asa_attend_naive(**inputs)[0], **TOL32)
     for a, e in zip((state.m, state.den, state.num), (full[3].m, full[3].den, full[3].num),
                     strict=True):
         torch.testing.assert_close(a, e, **TOL32)
@@ -207,12 +203,13 @@ def test_decode_step_equals_chunked_path_at_one_position(case, split, fused):
     def part(lo: int, hi: int) -> dict:
         return {n: (x[:, :, lo:hi] if x.dim() == 4 else x) for n, x in inputs.items()}
 
-    state = asa_attend_chunked(**part(0, split), chunk_size=case["chunk"], **kw)[3] if split \
+    state = asa_attend_chunk_autograd(**part(0, split), chunk_size=case["chunk"],
+                                      **kw)[3] if split \
         else None
     ref_state, pieces = state, []
     for i in range(split, t):
         fast = asa_attend_step(**part(i, i + 1), state=state, **kw)
-        slow = asa_attend_chunked(**part(i, i + 1), chunk_size=1, state=ref_state, **kw)
+        slow = asa_attend_chunk_autograd(**part(i, i + 1), chunk_size=1, state=ref_state, **kw)
         for a, e in zip(fast[:3], slow[:3], strict=True):
             assert (a is None) == (e is None)
             if a is not None:
@@ -223,7 +220,7 @@ def test_decode_step_equals_chunked_path_at_one_position(case, split, fused):
                         (ref_state.m, ref_state.den, ref_state.num), strict=True):
             assert_close(a, e, TOL32)
         pieces.append(fast[0])
-    expected = asa_attend_ref(**inputs, **kw)[0][:, :, split:]
+    expected = asa_attend_naive(**inputs, **kw)[0][:, :, split:]
     assert_close(torch.cat(pieces, dim=2).double(), expected, TOL32)
 
 
@@ -232,7 +229,8 @@ def test_decode_step_equals_chunked_path_at_one_position(case, split, fused):
        seed=st.integers(0, 2**31 - 1), padded=st.booleans())
 def test_linear_attention_step_equals_chunked_path(b, t, m, split, seed, padded):
     """:func:`causal_linear_attention_step` from the state of a chunked prefill equals
-    :func:`causal_linear_attention_chunked` over the whole sequence, position by position, and
+    :func:`causal_linear_attention_chunk_autograd` over the whole sequence, position by position,
+    and
     the final states agree; a padded (``phi_k = 0``) prefix reads zero."""
     gen = torch.Generator().manual_seed(seed)
     phi_q, phi_k = (torch.rand(b, 2, t, m, generator=gen) + 0.1 for _ in range(2))
@@ -240,10 +238,10 @@ def test_linear_attention_step_equals_chunked_path(b, t, m, split, seed, padded)
     if padded:
         phi_k[:, :, : t // 2] = 0.0
     split = min(split, t - 1)
-    full, (s_full, z_full) = causal_linear_attention_chunked(phi_q, phi_k, v, 4)
+    full, (s_full, z_full) = causal_linear_attention_chunk_autograd(phi_q, phi_k, v, 4)
     state, pieces = None, []
     if split:
-        head, state = causal_linear_attention_chunked(
+        head, state = causal_linear_attention_chunk_autograd(
             phi_q[:, :, :split], phi_k[:, :, :split], v[:, :, :split], 4)
         pieces.append(head)
     for i in range(split, t):
@@ -262,7 +260,7 @@ def test_left_padding_changes_nothing_for_the_real_tokens(case):
     float32 outputs at the real tokens equal to those of the unpadded row, and never yields a
     NaN; fully padded rows read zero."""
     inputs = build(case)
-    out = asa_attend_chunked(**inputs, chunk_size=case["chunk"])[0]
+    out = asa_attend_chunk_autograd(**inputs, chunk_size=case["chunk"])[0]
     assert torch.isfinite(out).all()
     t = case["shape"][1]
     for row, (lf, rt) in enumerate(zip(case["left"], case["right"], strict=True)):
@@ -271,7 +269,7 @@ def test_left_padding_changes_nothing_for_the_real_tokens(case):
             continue
         alone = {n: (x[row:row + 1, :, lf:t - rt] if x.dim() == 4 else x)
                  for n, x in inputs.items()}
-        single = asa_attend_chunked(**alone, chunk_size=case["chunk"])[0]
+        single = asa_attend_chunk_autograd(**alone, chunk_size=case["chunk"])[0]
         torch.testing.assert_close(out[row:row + 1, :, lf:t - rt], single, **TOL32)
 
 
@@ -289,11 +287,11 @@ def test_triton_scan_equals_chunked(case):
     """The Triton scan + read (interpreter on CPU) equals the chunked PyTorch path at the case's
     chunk size: outputs and every gradient (rtol = atol = 1e-5, atol relative to magnitudes
     above 1). Few, tiny examples: the interpreter is slow."""
-    from modeling.asm.asm_kernels import asa_attend_triton
+    from modeling.asm.asm_fused_recurrent import asa_attend_fused_recurrent
 
     inputs = build(case)
-    got = outputs_and_grads(asa_attend_triton, inputs, torch.float32)
-    expected = outputs_and_grads(asa_attend_chunked, inputs, torch.float32,
+    got = outputs_and_grads(asa_attend_fused_recurrent, inputs, torch.float32)
+    expected = outputs_and_grads(asa_attend_chunk_autograd, inputs, torch.float32,
                                  chunk_size=case["chunk"])
     for a, e in zip(got, expected, strict=True):
         assert torch.isfinite(a).all()

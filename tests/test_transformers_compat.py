@@ -20,10 +20,12 @@ from hf_memory.models.transformers_compat import (
 from modeling.asm import ASMCache, ASMConfig, ASMForCausalLM, modeling_asm
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 ROOT = Path(__file__).resolve().parents[1]
 # The places allowed to spell the cache names: hf_memory's compatibility point and the ASM
 # family's own (its folder is copied to Hub repos alone and may not import hf_memory).
-COMPAT_POINTS = {ROOT / "hf_memory" / "transformers_compat.py",
+COMPAT_POINTS = {ROOT / "hf_memory" / "models" / "transformers_compat.py",
                  ROOT / "modeling" / "asm" / "modeling_asm.py"}
 SOURCE_DIRS = ("hf_memory", "hf_memory_vllm", "hf_memory_cli", "modeling", "hub_cards",
                "eval_harness", "benchmarks", "tests")

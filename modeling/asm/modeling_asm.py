@@ -25,14 +25,9 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
-from .asm_kernels import (
-    ScanState,
-    _use_triton,
-    asa_attend,
-    asa_attend_step,
-    causal_linear_attention,
-    causal_linear_attention_step,
-)
+from .asm_common import ScanState
+from .asm_ops import asa_attend, causal_linear_attention, use_triton
+from .asm_recurrent import asa_attend_step, causal_linear_attention_step
 from .configuration_asm import ASMConfig
 
 __all__ = [
@@ -194,7 +189,7 @@ class _StepConstants:
             content_gain=c.content_gain if c.use_content_read else None,
             max_gamma=c.content_read_max_gamma, refinement=c.use_slot_space_refinement,
             read_temperature=c.read_temperature, slot_dropout=c.slot_dropout,
-            torch_backend=not _use_triton(c.scan_backend, positions))
+            torch_backend=not use_triton(c.scan_backend, positions))
 
 
 @dataclass
@@ -414,7 +409,7 @@ class ASAAttention(nn.Module):
         maps = (self.slot_in, self.slot_q, self.slot_k, self.slot_v, self.slot_out)
         folded = (layer_cache is None and all(type(x) is nn.Linear for x in maps)
                   and not (self.training and self.slot_space_dropout.p > 0)
-                  and not _use_triton(c.scan_backend, positions))
+                  and not use_triton(c.scan_backend, positions))
 
         def features(q_s: torch.Tensor, k_s: torch.Tensor):
             """The linear attention's feature maps ``elu + 1`` (after the slot-space rotary
@@ -606,14 +601,14 @@ class ASAAttention(nn.Module):
         if c.use_slot_space_refinement:
             refine = self._refine(positions, valid, layer_cache)
         par, orth = self.intervention
-        fused = refine is not None and not output_stats and all(
+        gated_read = refine is not None and not output_stats and all(
             x == 1.0 for x in par + orth)
         gate = self.gate if refine is not None else None
         state = layer_cache.scan if layer_cache is not None else None
         # the content term gamma <q scale, slot> with the scale on gamma: one pass less over q
         o, r, delta, new_state = asa_attend(
             logits, v, q, key_logits, gamma * scale, c.read_temperature, refine, c.chunk_size,
-            state, c.scan_backend, gate=gate if fused else None)
+            state, c.scan_backend, gate=gate if gated_read else None)
         if layer_cache is not None:
             layer_cache.scan = new_state
         stats = None

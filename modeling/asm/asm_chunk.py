@@ -1,7 +1,7 @@
-"""The chunked scan + read and the slot-space linear attention with hand-written backwards (CPU).
+"""The chunk form of the ASM kernels with hand-written backwards: the default PyTorch path.
 
-Same maths as :func:`~modeling.asm.asm_kernels.asa_attend_chunked` and
-:func:`~modeling.asm.asm_kernels.causal_linear_attention_chunked` (which stay as the
+Same maths as :func:`~modeling.asm.asm_chunk_autograd.asa_attend_chunk_autograd` and
+:func:`~modeling.asm.asm_chunk_autograd.causal_linear_attention_chunk_autograd` (which stay as the
 autograd-through-ops references), with every chunk of a sequence in one batched product
 (``[B H NC, C, *]``) and only the chunk-to-chunk state recurrence in a Python loop.
 
@@ -30,16 +30,10 @@ from __future__ import annotations
 
 import torch
 
-from .asm_kernels import (
-    Refine,
-    ScanState,
-    _band_width,
-    _safe_reciprocal,
-    asa_attend_chunked,
-    read_refined,
-)
+from .asm_chunk_autograd import asa_attend_chunk_autograd
+from .asm_common import Refine, ScanState, band_width, read_refined, safe_reciprocal
 
-__all__ = ["asa_attend_fused", "causal_linear_attention_fused"]
+__all__ = ["asa_attend_chunk", "causal_linear_attention_chunk"]
 
 
 class _ScanCache:
@@ -277,7 +271,7 @@ class _Read(torch.autograd.Function):
         return _unchunk(da, cache.shape), None, None, None
 
 
-def asa_attend_fused(
+def asa_attend_chunk(
     logits: torch.Tensor,
     v: torch.Tensor,
     q: torch.Tensor,
@@ -289,14 +283,15 @@ def asa_attend_fused(
     state: ScanState | None = None,
     gate: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
-    """:func:`~modeling.asm.asm_kernels.asa_attend_chunked` (same arguments and results) with
+    """:func:`~modeling.asm.asm_chunk_autograd.asa_attend_chunk_autograd` (same arguments and
+    results) with
     the hand-written backward of this module; takes the reference path where a chunk needs
     more than one band or the initial state needs a gradient."""
     b, h, t, k = logits.shape
     d = v.shape[-1]
     dt = torch.promote_types(logits.dtype, torch.float32)
     if state is not None and any(x.requires_grad for x in (state.m, state.den, state.num)):
-        return asa_attend_chunked(logits, v, q, key_logits, gamma, read_temperature, refine,
+        return asa_attend_chunk_autograd(logits, v, q, key_logits, gamma, read_temperature, refine,
                                   chunk_size, state, gate)
     logits, v, q, key_logits = (x.to(dt) for x in (logits, v, q, key_logits))
     if state is None:
@@ -305,10 +300,10 @@ def asa_attend_fused(
         state = ScanState(m=state.m.to(dt), den=state.den.to(dt), num=state.num.to(dt))
     step = max(1, min(chunk_size, t))
     holder: list[_ScanCache | None] = []
-    den, num = _Prepare.apply(logits, v, holder, state, step, _band_width(dt))
+    den, num = _Prepare.apply(logits, v, holder, state, step, band_width(dt))
     cache = holder[0]
     if cache is None:
-        return asa_attend_chunked(logits, v, q, key_logits, gamma, read_temperature, refine,
+        return asa_attend_chunk_autograd(logits, v, q, key_logits, gamma, read_temperature, refine,
                                   chunk_size, state, gate)
     final = ScanState(m=cache.final.m, den=den, num=num)
     gamma = torch.as_tensor(gamma, dtype=dt, device=v.device)
@@ -320,7 +315,7 @@ def asa_attend_fused(
 
 
 class _LinearAttention(torch.autograd.Function):
-    """Chunked causal linear attention (see :func:`causal_linear_attention_fused`); inputs
+    """Chunked causal linear attention (see :func:`causal_linear_attention_chunk`); inputs
     ``q, k [N, C, M]``, ``v [N, C, Mv]`` chunked, ``s0 [B H, M, Mv]``, ``z0 [B H, M]``; outputs
     ``out [N, C, Mv]`` and the final ``(S, Z)``."""
 
@@ -339,7 +334,7 @@ class _LinearAttention(torch.autograd.Function):
         a = torch.bmm(q, k.transpose(1, 2)).tril_()  # [N, C, C]
         numer = torch.bmm(q, sp).baddbmm_(a, v)
         denom = (q * zp).sum(-1) + a.sum(-1)  # [N, C]
-        inv = _safe_reciprocal(denom)
+        inv = safe_reciprocal(denom)
         out = numer.mul_(inv.unsqueeze(-1))
         ctx.save_for_backward(q, k, v, sp, zp, a, inv, out)
         ctx.nc = nc
@@ -374,14 +369,15 @@ class _LinearAttention(torch.autograd.Function):
         return dq, dk, dv, acc_s, acc_z, None
 
 
-def causal_linear_attention_fused(
+def causal_linear_attention_chunk(
     phi_q: torch.Tensor,
     phi_k: torch.Tensor,
     v: torch.Tensor,
     chunk_size: int = 64,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`~modeling.asm.asm_kernels.causal_linear_attention_chunked` (same arguments and
+    """:func:`~modeling.asm.asm_chunk_autograd.causal_linear_attention_chunk_autograd` (same
+    arguments and
     results) as one autograd Function over all chunks at once: per chunk ``C`` positions,
     ``out = (q S_prev + tril(q k^T) v) / (q . Z_prev + rowsum tril(q k^T))``, the chunks'
     starting states ``(S_prev, Z_prev)`` a running sum of the chunks' ``(k^T v, sum k)``

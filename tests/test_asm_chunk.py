@@ -1,5 +1,5 @@
 """The hand-written backwards of the chunked scan + read and of the slot-space linear attention
-(:mod:`modeling.asm.asm_chunked_autograd`, the default CPU path of ``asa_attend`` and
+(:mod:`modeling.asm.asm_chunk`, the default CPU path of ``asa_attend`` and
 ``causal_linear_attention``) against the autograd-through-ops chunked forms and the float64
 references: ``torch.autograd.gradcheck`` in float64 on small shapes, the references at realistic
 shapes with left and right padding, and a hypothesis property over logit ranges, padding and
@@ -12,16 +12,14 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from modeling.asm.asm_chunked_autograd import asa_attend_fused, causal_linear_attention_fused
-from modeling.asm.asm_kernels import (
-    ScanState,
-    asa_attend,
-    asa_attend_chunked,
-    asa_attend_ref,
-    causal_linear_attention,
-    causal_linear_attention_chunked,
-    causal_linear_attention_ref,
+from modeling.asm.asm_chunk import asa_attend_chunk, causal_linear_attention_chunk
+from modeling.asm.asm_chunk_autograd import (
+    asa_attend_chunk_autograd,
+    causal_linear_attention_chunk_autograd,
 )
+from modeling.asm.asm_common import ScanState
+from modeling.asm.asm_naive import asa_attend_naive, causal_linear_attention_naive
+from modeling.asm.asm_ops import asa_attend, causal_linear_attention
 from tests.test_properties_asm import (
     ISSUE_15,
     PROPERTY,
@@ -87,7 +85,7 @@ def test_gradcheck_scan_float64(t, chunk, slope, gate):
     w = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
     def fn(logits, v, q, key_logits):
-        o, r, delta, final = asa_attend_fused(
+        o, r, delta, final = asa_attend_chunk(
             logits, v, q, key_logits, gamma, 0.8, lambda x: torch.tanh(x @ w), chunk, None,
             gate)
         outs = (o, r, final.num / final.den.unsqueeze(-1))
@@ -110,7 +108,7 @@ def test_gradcheck_linear_attention_float64(t, chunk):
     z0 = torch.rand(2, 2, 3, generator=gen, dtype=torch.float64)
 
     def fn(q, k, v, s0, z0):
-        out, (s, z) = causal_linear_attention_fused(q, k, v, chunk, (s0, z0))
+        out, (s, z) = causal_linear_attention_chunk(q, k, v, chunk, (s0, z0))
         return out, s, z
 
     leaves = [x.requires_grad_() for x in (q, k, v, s0, z0)]
@@ -123,14 +121,14 @@ def test_gradcheck_linear_attention_float64(t, chunk):
 def test_scan_matches_reference_at_realistic_shape(chunk, fused):
     """ASM-sized heads (K 16, d 64) over 100 positions with left and right padding, in
     float32: the outputs and every gradient equal the float64 reference and the
-    autograd-through-ops chunked form (the tolerance of test_asm_kernels.py, atol relative to
+    autograd-through-ops chunk form (the tolerance of test_asm_kernels.py, atol relative to
     magnitudes above 1)."""
     inputs = padded_inputs(2, 2, 100, 16, 64, torch.float32, seed=chunk)
     kwargs = dict(gate=torch.tensor(0.3)) if fused else {}
-    expected = outputs_and_grads(with_delta(asa_attend_ref), inputs, torch.float64, **kwargs)
-    ops = outputs_and_grads(with_delta(asa_attend_chunked), inputs, torch.float32,
+    expected = outputs_and_grads(with_delta(asa_attend_naive), inputs, torch.float64, **kwargs)
+    ops = outputs_and_grads(with_delta(asa_attend_chunk_autograd), inputs, torch.float32,
                             chunk_size=chunk, **kwargs)
-    got = outputs_and_grads(with_delta(asa_attend_fused), inputs, torch.float32,
+    got = outputs_and_grads(with_delta(asa_attend_chunk), inputs, torch.float32,
                             chunk_size=chunk, **kwargs)
     for a, e, o in zip(got, expected, ops, strict=True):
         assert torch.isfinite(a).all()
@@ -158,7 +156,7 @@ def test_partial_and_repeated_backward_passes():
     inputs = padded_inputs(2, 2, 40, 4, 8, torch.float64)
     w = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     grads = []
-    for fn in (asa_attend_fused, asa_attend_chunked):
+    for fn in (asa_attend_chunk, asa_attend_chunk_autograd):
         leaves = {n: x.clone().requires_grad_() for n, x in inputs.items()}
         o, _, delta, _ = fn(**leaves, refine=lambda x: torch.tanh(x @ w), chunk_size=16)
         loss = (o * o).sum() + delta.sum()
@@ -175,9 +173,9 @@ def test_steep_logits_fall_back_to_banded_reference():
     the banded autograd-through-ops path: the results equal it and the reference."""
     case = dict(ISSUE_15)
     inputs = build(case)
-    expected = outputs_and_grads(asa_attend_ref, inputs, torch.float64)
-    ops = outputs_and_grads(asa_attend_chunked, inputs, torch.float32, chunk_size=64)
-    got = outputs_and_grads(asa_attend_fused, inputs, torch.float32, chunk_size=64)
+    expected = outputs_and_grads(asa_attend_naive, inputs, torch.float64)
+    ops = outputs_and_grads(asa_attend_chunk_autograd, inputs, torch.float32, chunk_size=64)
+    got = outputs_and_grads(asa_attend_chunk, inputs, torch.float32, chunk_size=64)
     for a, e, o in zip(got, expected, ops, strict=True):
         assert_close(a, e, TOL32)
         torch.testing.assert_close(a, o, rtol=0, atol=0)
@@ -189,9 +187,9 @@ def test_falling_logits_keep_one_band_per_chunk():
     fallback) and equals the float64 reference."""
     inputs = padded_inputs(2, 2, 24, 3, 4, torch.float32, seed=5, slope=-30.0)
     leaves = {n: x.clone().requires_grad_() for n, x in inputs.items()}
-    assert "_ReadBackward" in graph_nodes(asa_attend_fused(**leaves, chunk_size=8)[0])
-    expected = outputs_and_grads(asa_attend_ref, inputs, torch.float64)
-    got = outputs_and_grads(asa_attend_fused, inputs, torch.float32, chunk_size=8)
+    assert "_ReadBackward" in graph_nodes(asa_attend_chunk(**leaves, chunk_size=8)[0])
+    expected = outputs_and_grads(asa_attend_naive, inputs, torch.float64)
+    got = outputs_and_grads(asa_attend_chunk, inputs, torch.float32, chunk_size=8)
     for a, e in zip(got, expected, strict=True):
         assert torch.isfinite(a).all()
         assert_close(a, e, TOL32)
@@ -202,17 +200,17 @@ def test_state_continuation_and_final_state_gradient(split):
     """Prefill in two parts (the second from the first's state) equals one pass, and the
     gradient through the final state ``(den, num)`` equals the chunked form's."""
     inputs = padded_inputs(2, 2, 70, 5, 6, torch.float32, seed=split)
-    full = asa_attend_fused(**inputs, chunk_size=16)
+    full = asa_attend_chunk(**inputs, chunk_size=16)
     part = {n: (x[:, :, :split] if x.dim() == 4 else x) for n, x in inputs.items()}
     rest = {n: (x[:, :, split:] if x.dim() == 4 else x) for n, x in inputs.items()}
-    head = asa_attend_fused(**part, chunk_size=16)
-    tail = asa_attend_fused(**rest, chunk_size=16, state=head[3])
+    head = asa_attend_chunk(**part, chunk_size=16)
+    tail = asa_attend_chunk(**rest, chunk_size=16, state=head[3])
     torch.testing.assert_close(torch.cat([head[0], tail[0]], dim=2), full[0], **TOL32)
     for a, e in zip((tail[3].m, tail[3].den, tail[3].num),
                     (full[3].m, full[3].den, full[3].num), strict=True):
         torch.testing.assert_close(a, e, **TOL32)
     grads = []
-    for fn in (asa_attend_fused, asa_attend_chunked):
+    for fn in (asa_attend_chunk, asa_attend_chunk_autograd):
         logits, v = (inputs[n].clone().requires_grad_() for n in ("logits", "v"))
         final = fn(logits, v, inputs["q"], inputs["key_logits"], inputs["gamma"],
                    chunk_size=16)[3]
@@ -226,7 +224,7 @@ def test_initial_state_with_gradient_takes_the_reference_path():
     """An initial state that requires a gradient gets one, as from the chunked form."""
     inputs = padded_inputs(1, 2, 12, 3, 4, torch.float64)
     grads = []
-    for fn in (asa_attend_fused, asa_attend_chunked):
+    for fn in (asa_attend_chunk, asa_attend_chunk_autograd):
         num = torch.randn(1, 2, 3, 4, dtype=torch.float64,
                           generator=torch.Generator().manual_seed(3)).requires_grad_()
         state = ScanState(m=torch.zeros(1, 2, 3, dtype=torch.float64),
@@ -247,7 +245,7 @@ def test_linear_attention_matches_reference(t, chunk):
     k[0, :, :7] = 0.0
     k[1, :, t - 4:] = 0.0
     results = []
-    for fn in (causal_linear_attention_fused, causal_linear_attention_chunked):
+    for fn in (causal_linear_attention_chunk, causal_linear_attention_chunk_autograd):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         out, (s, z) = fn(*leaves, chunk)
         loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum() + s.sum() + z.sum()
@@ -255,7 +253,7 @@ def test_linear_attention_matches_reference(t, chunk):
     for a, e in zip(*results, strict=True):
         assert torch.isfinite(a).all()
         assert_close(a.detach().double(), e.detach().double(), TOL32)
-    assert_close(results[0][0].detach().double(), causal_linear_attention_ref(q, k, v), TOL32)
+    assert_close(results[0][0].detach().double(), causal_linear_attention_naive(q, k, v), TOL32)
 
 
 @PROPERTY
@@ -269,8 +267,8 @@ def test_fused_scan_matches_float64_reference(case, dtype, gated):
     to magnitudes above 1), with the refinement's read separate or fused with a gate."""
     inputs = build(case)
     kwargs = dict(gate=torch.tensor(0.6, dtype=dtype)) if gated else {}
-    expected = outputs_and_grads(with_delta(asa_attend_ref), inputs, torch.float64, **kwargs)
-    got = outputs_and_grads(with_delta(asa_attend_fused), inputs, dtype,
+    expected = outputs_and_grads(with_delta(asa_attend_naive), inputs, torch.float64, **kwargs)
+    got = outputs_and_grads(with_delta(asa_attend_chunk), inputs, dtype,
                             chunk_size=case["chunk"], **kwargs)
     tol = TOL32 if dtype == torch.float32 else TOL64
     for a, e in zip(got, expected, strict=True):
