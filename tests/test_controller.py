@@ -14,6 +14,8 @@ from hf_memory.steering.conversation import Conversation
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 PROMPT_LEN, NEW = 6, 8
 
 

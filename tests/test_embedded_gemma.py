@@ -19,6 +19,8 @@ from hf_memory.models.embedded import (
     load_embedded_model,
 )
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 GEMMA = EMBEDDED_MODELS["gemma3-270m"]
 HAVE_GEMMA = all(importlib.util.find_spec(package) is not None for package, _ in GEMMA.pieces)
 

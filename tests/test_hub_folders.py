@@ -15,6 +15,8 @@ from modeling.air import AIRConfig, AIRSolver
 from modeling.arith import ArithConfig, ArithTransformer
 from modeling.asm import ASMConfig, ASMForCausalLM
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 ALLOWED = {"torch", "transformers", "safetensors", "triton"}
 
 

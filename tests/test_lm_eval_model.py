@@ -25,6 +25,8 @@ from hf_memory.metrics.likelihood import reply_logprobs  # noqa: E402
 from hf_memory.recipes.demo import shipped_selector  # noqa: E402
 from hf_memory.recipes.shipped import persona_bank
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 QUESTIONS = ("How do you spend a free evening?", "What do you do when plans change?")
 REPLIES = ("I stay home and read quietly.", "I call friends and go out dancing!")
 CAA_LAYER, CAA_SCALE = 10, 4.0

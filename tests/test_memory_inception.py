@@ -24,6 +24,8 @@ from hf_memory.models.adapters import get_adapter
 from hf_memory.models.transformers_compat import cache_kwargs
 from tests.tiny_models import FAMILIES, tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 FAMILY_IDS = list(FAMILIES)
 KVH, HEADS, D, LAYERS = 2, 4, 16, 3
 TOL = dict(rtol=1e-10, atol=1e-10)

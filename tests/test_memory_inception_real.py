@@ -10,6 +10,8 @@ from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.recipes.demo import DEFAULT_PERSONA
 from hf_memory_cli.types import parse_layers
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 PERSONA_LAYERS = parse_layers("18-22")
 
 

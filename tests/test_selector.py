@@ -15,6 +15,8 @@ from hf_memory.selection.selector import Selector, SelectorFormatError
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 PROMPTS = ["How do you feel about your exam tomorrow?", "What are your plans for the weekend?",
            "Describe your morning.", "How was your day at work?",
            "What do you think about flying?", "Tell me about your last holiday."]

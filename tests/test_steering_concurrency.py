@@ -15,6 +15,8 @@ from hf_memory.baselines.caa import CAAVectors, apply_caa
 from tests.test_memory_inception import assert_restored, random_bank, token_ids
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 NEW_TOKENS = 10
 ROUNDS = 3
 

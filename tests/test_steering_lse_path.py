@@ -17,6 +17,8 @@ from hf_memory import BankSet, MemoryBank, steer
 from hf_memory.steering.stock_attention import attention_with_lse
 from tests.tiny_models import DEFAULT_ATTENTION, FAMILIES, tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 SDPA_FAMILIES = [f for f in FAMILIES if DEFAULT_ATTENTION.get(f, "sdpa") == "sdpa"]
 TOL = dict(rtol=1e-10, atol=1e-10)
 KVH, D = 2, 16

@@ -10,6 +10,8 @@ from hf_memory import BankSet, MemoryBank, steer, steered_generate
 from tests.test_memory_inception import TOL, D, assert_restored, random_bank
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 LENGTHS = (5, 8, 6, 3, 7)
 NEW_TOKENS = 8
 

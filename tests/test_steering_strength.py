@@ -10,6 +10,8 @@ from hf_memory import steer
 from tests.test_memory_inception import TOL, assert_restored, random_bank, token_ids
 from tests.tiny_models import tiny_model
 
+pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
+
 
 def attention_outputs(model, ids, layer):
     """The input of ``o_proj`` at ``layer``: the heads' outputs, concatenated."""
