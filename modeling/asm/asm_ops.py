@@ -1,4 +1,7 @@
-"""The one dispatcher of the ASM kernels: which form runs, chosen once per call.
+"""The one dispatcher of the ASM kernels: which form runs.
+
+The model resolves ``config.scan_backend`` once per forward pass (:func:`resolve_backend`) and
+hands the resolved form to every layer.
 
 ``backend`` (``config.scan_backend``): ``"torch"`` (the chunk form with hand-written backwards,
 :mod:`.asm_chunk`), ``"triton"`` (the fused recurrent Triton kernels, :mod:`.asm_fused_recurrent`:
@@ -20,11 +23,12 @@ from .asm_fused_recurrent import (
     triton,
 )
 
-__all__ = ["asa_attend", "causal_linear_attention", "use_triton"]
+__all__ = ["asa_attend", "causal_linear_attention", "resolve_backend"]
 
 
-def use_triton(backend: str, like: torch.Tensor) -> bool:
-    """Resolve a ``scan_backend`` value (``"auto"``, ``"torch"``, ``"triton"``)."""
+def resolve_backend(backend: str, like: torch.Tensor) -> str:
+    """The form a ``scan_backend`` value (``"auto"``, ``"torch"``, ``"triton"``) runs on tensors
+    like ``like``: ``"torch"`` or ``"triton"`` (a resolved value resolves to itself)."""
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     if backend == "triton":
@@ -32,8 +36,8 @@ def use_triton(backend: str, like: torch.Tensor) -> bool:
         if triton is None or not (like.is_cuda or interpreted):
             raise RuntimeError("backend 'triton' needs the triton package and a CUDA tensor "
                                "(or TRITON_INTERPRET=1 set before the kernels are imported)")
-        return True
-    return backend == "auto" and triton is not None and like.is_cuda
+        return "triton"
+    return "triton" if backend == "auto" and triton is not None and like.is_cuda else "torch"
 
 
 def asa_attend(
@@ -52,7 +56,7 @@ def asa_attend(
     """The scan + read (arguments and results as in
     :func:`~.asm_chunk_autograd.asa_attend_chunk_autograd`) by the form ``backend`` picks (see
     the module docstring)."""
-    if use_triton(backend, v):
+    if resolve_backend(backend, v) == "triton":
         return asa_attend_fused_recurrent(logits, v, q, key_logits, gamma, read_temperature,
                                           refine, state, gate)
     return asa_attend_chunk(logits, v, q, key_logits, gamma, read_temperature, refine,
@@ -68,6 +72,6 @@ def causal_linear_attention(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Dispatcher for the causal linear attention (``backend`` as in :func:`asa_attend`)."""
-    if use_triton(backend, v):
+    if resolve_backend(backend, v) == "triton":
         return causal_linear_attention_fused_recurrent(phi_q, phi_k, v, state)
     return causal_linear_attention_chunk(phi_q, phi_k, v, chunk_size, state)

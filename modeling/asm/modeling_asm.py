@@ -26,7 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
 from .asm_common import ScanState
-from .asm_ops import asa_attend, causal_linear_attention, use_triton
+from .asm_ops import asa_attend, causal_linear_attention, resolve_backend
 from .asm_recurrent import asa_attend_step, causal_linear_attention_step
 from .configuration_asm import ASMConfig
 
@@ -150,7 +150,7 @@ class _StepConstants:
         refinement: use the slot-space refinement.
         read_temperature: ``config.read_temperature``.
         slot_dropout: ``config.slot_dropout``.
-        torch_backend: ``config.scan_backend`` resolves to PyTorch (else the step is not taken).
+        backend: the resolved ``config.scan_backend`` (the step is taken on ``"torch"``).
     """
 
     dtype: torch.dtype
@@ -166,12 +166,12 @@ class _StepConstants:
     refinement: bool
     read_temperature: float
     slot_dropout: float
-    torch_backend: bool
+    backend: str
 
     @classmethod
     def build(cls, config: ASMConfig, positions: torch.Tensor, valid: torch.Tensor,
               rotary: tuple[torch.Tensor, torch.Tensor] | None,
-              dtype: torch.dtype) -> _StepConstants:
+              dtype: torch.dtype, backend: str) -> _StepConstants:
         """From ``positions, valid [B, 1]``, the write keys' rotary tables and the hidden
         states' dtype."""
         c = config
@@ -189,7 +189,7 @@ class _StepConstants:
             content_gain=c.content_gain if c.use_content_read else None,
             max_gamma=c.content_read_max_gamma, refinement=c.use_slot_space_refinement,
             read_temperature=c.read_temperature, slot_dropout=c.slot_dropout,
-            torch_backend=not use_triton(c.scan_backend, positions))
+            backend=backend)
 
 
 @dataclass
@@ -392,7 +392,8 @@ class ASAAttention(nn.Module):
         self._plain = all(x == 1.0 for x in self.intervention[0] + self.intervention[1])
 
     def _refine(
-        self, positions: torch.Tensor, valid: torch.Tensor, layer_cache: ASMCacheLayer | None
+        self, positions: torch.Tensor, valid: torch.Tensor, layer_cache: ASMCacheLayer | None,
+        backend: str,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The slot-space refinement as a closure ``r [B, H, T, K] -> w [B, H, T, K]``.
 
@@ -409,7 +410,7 @@ class ASAAttention(nn.Module):
         maps = (self.slot_in, self.slot_q, self.slot_k, self.slot_v, self.slot_out)
         folded = (layer_cache is None and all(type(x) is nn.Linear for x in maps)
                   and not (self.training and self.slot_space_dropout.p > 0)
-                  and not use_triton(c.scan_backend, positions))
+                  and backend == "torch")
 
         def features(q_s: torch.Tensor, k_s: torch.Tensor):
             """The linear attention's feature maps ``elu + 1`` (after the slot-space rotary
@@ -424,7 +425,7 @@ class ASAAttention(nn.Module):
             r = r.to(w_in.dtype)
             qk = torch.cat((self.slot_q.weight, self.slot_k.weight)) @ w_in
             phi_q, phi_k = features(*F.linear(r, qk).chunk(2, dim=-1))  # [B, H, T, M]
-            u, _ = causal_linear_attention(phi_q, phi_k, r, c.chunk_size, None, c.scan_backend)
+            u, _ = causal_linear_attention(phi_q, phi_k, r, c.chunk_size, None, backend)
             out = self.slot_out.weight @ self.slot_v.weight @ w_in  # [K, K]
             return torch.tanh(F.linear(u.to(w_in.dtype), out))
 
@@ -433,7 +434,7 @@ class ASAAttention(nn.Module):
             phi_q, phi_k = features(q_s, k_s)
             state = layer_cache.slot_space if layer_cache is not None else None
             u2, new_state = causal_linear_attention(
-                phi_q, phi_k, v_s, c.chunk_size, state, c.scan_backend)
+                phi_q, phi_k, v_s, c.chunk_size, state, backend)
             if layer_cache is not None:
                 layer_cache.slot_space = new_state
             u2 = self.slot_space_dropout(u2.to(v_s.dtype))
@@ -562,15 +563,19 @@ class ASAAttention(nn.Module):
         output_stats: bool = False,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         step: _StepConstants | None = None,
+        backend: str | None = None,
     ) -> tuple[torch.Tensor, RefinementStats | None]:
         """``hidden [B, T, D]``, ``positions [B, T]`` (position ids), ``valid [B, T]`` (bool);
         ``rotary``: the write keys' :func:`_rotary_tables` at ``positions`` (computed here if
         not given). Given ``step`` (one position, from :class:`ASMModel`) with a cache, no
         statistics and no intervention, this is the decode step :meth:`_step` unless the Triton
-        backend is chosen; otherwise the chunked path (the reference)."""
+        backend is chosen; otherwise the chunked path (the reference). ``backend``: the resolved
+        ``config.scan_backend`` (:class:`ASMModel` resolves it once per pass; None: here)."""
         c = self.config
         b, t, _ = hidden.shape
-        if (step is not None and step.torch_backend and layer_cache is not None
+        if backend is None:
+            backend = resolve_backend(c.scan_backend, positions)
+        if (step is not None and step.backend == "torch" and layer_cache is not None
                 and not output_stats and self._plain):
             return self._step(hidden, layer_cache, step), None
         h, d, k = self.num_heads, self.head_dim, self.num_slots
@@ -599,7 +604,7 @@ class ASAAttention(nn.Module):
         gamma = self.gamma if c.use_content_read else 0.0
         refine = None
         if c.use_slot_space_refinement:
-            refine = self._refine(positions, valid, layer_cache)
+            refine = self._refine(positions, valid, layer_cache, backend)
         par, orth = self.intervention
         gated_read = refine is not None and not output_stats and all(
             x == 1.0 for x in par + orth)
@@ -608,7 +613,7 @@ class ASAAttention(nn.Module):
         # the content term gamma <q scale, slot> with the scale on gamma: one pass less over q
         o, r, delta, new_state = asa_attend(
             logits, v, q, key_logits, gamma * scale, c.read_temperature, refine, c.chunk_size,
-            state, c.scan_backend, gate=gate if gated_read else None)
+            state, backend, gate=gate if gated_read else None)
         if layer_cache is not None:
             layer_cache.scan = new_state
         stats = None
@@ -684,10 +689,10 @@ class ASMBlock(nn.Module):
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
                 layer_cache: ASMCacheLayer | None, output_stats: bool,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-                step: _StepConstants | None = None,
+                step: _StepConstants | None = None, backend: str | None = None,
                 ) -> tuple[torch.Tensor, RefinementStats | None]:
         attn, stats = self.self_attn(self.input_layernorm(hidden), positions, valid, layer_cache,
-                                     output_stats, rotary, step)
+                                     output_stats, rotary, step, backend)
         if self.training:  # dropout is the identity in eval: skip its call on the decode path
             attn = self.dropout(attn)
         hidden = hidden + attn
@@ -869,15 +874,17 @@ class ASMModel(ASMPreTrainedModel):
         rotary = None
         if self.config.write_key_position == "rotary":
             rotary = _rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
+        backend = resolve_backend(self.config.scan_backend, positions)  # once for every layer
         step = None
         if t == 1 and cache is not None:
-            step = _StepConstants.build(self.config, positions, valid, rotary, hidden.dtype)
+            step = _StepConstants.build(self.config, positions, valid, rotary, hidden.dtype,
+                                        backend)
         states: list[torch.Tensor] = [hidden]
         stats: list[RefinementStats] = []
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layers[i] if cache is not None else None
             hidden, layer_stats = layer(hidden, positions, valid, layer_cache,
-                                        output_refinement_stats, rotary, step)
+                                        output_refinement_stats, rotary, step, backend)
             states.append(hidden)
             if layer_stats is not None:
                 stats.append(layer_stats)
