@@ -46,7 +46,7 @@ def graph_nodes(x: torch.Tensor) -> set[str]:
 
 
 def with_delta(fn):
-    """``fn`` with a zero ``delta`` (unconnected) where it returns None (the fused gate), for
+    """``fn`` with a zero ``delta`` (unconnected) where it returns None (the gated gate), for
     ``outputs_and_grads``."""
 
     def wrapped(**kwargs):
@@ -77,7 +77,7 @@ def padded_inputs(b: int, h: int, t: int, k: int, d: int, dtype: torch.dtype, se
 @pytest.mark.parametrize(("t", "chunk", "slope"), [(9, 4, 0.0), (8, 8, 1.5), (7, 3, -2.0)])
 def test_gradcheck_scan_float64(t, chunk, slope, gate):
     """gradcheck of the scan + read (with a refinement between the scores and the read, and
-    with the fused gate) with respect to logits, values, queries and key logits, including the
+    with the gated gate) with respect to logits, values, queries and key logits, including the
     final slot states ``num / den`` (``num`` and ``den`` alone are scaled by the detached
     running max); padded rows, several chunks, rising and falling logits."""
     inputs = padded_inputs(2, 2, t, 3, 2, torch.float64, seed=t, slope=slope)
@@ -117,14 +117,14 @@ def test_gradcheck_linear_attention_float64(t, chunk):
 
 
 @pytest.mark.parametrize("chunk", [32, 64, 37])
-@pytest.mark.parametrize("fused", [False, True])
-def test_scan_matches_reference_at_realistic_shape(chunk, fused):
+@pytest.mark.parametrize("gated", [False, True])
+def test_scan_matches_reference_at_realistic_shape(chunk, gated):
     """ASM-sized heads (K 16, d 64) over 100 positions with left and right padding, in
     float32: the outputs and every gradient equal the float64 reference and the
     autograd-through-ops chunk form (the tolerance of test_asm_kernels.py, atol relative to
     magnitudes above 1)."""
     inputs = padded_inputs(2, 2, 100, 16, 64, torch.float32, seed=chunk)
-    kwargs = dict(gate=torch.tensor(0.3)) if fused else {}
+    kwargs = dict(gate=torch.tensor(0.3)) if gated else {}
     expected = outputs_and_grads(with_delta(asa_attend_naive), inputs, torch.float64, **kwargs)
     ops = outputs_and_grads(with_delta(asa_attend_chunk_autograd), inputs, torch.float32,
                             chunk_size=chunk, **kwargs)
@@ -138,14 +138,15 @@ def test_scan_matches_reference_at_realistic_shape(chunk, fused):
 
 def test_dispatcher_takes_the_hand_written_backward_on_cpu():
     """``asa_attend`` / ``causal_linear_attention`` on CPU tensors give the results of the
-    fused forms (the same autograd graph: a ``_Read`` / ``_LinearAttention`` node)."""
+    chunk forms with hand-written backwards (their autograd nodes: ``_Read``, ``_Scores``,
+    ``_ChunkLinearAttention``)."""
     inputs = padded_inputs(1, 2, 20, 4, 8, torch.float32)
     o = asa_attend(**{n: x.requires_grad_() for n, x in inputs.items()}, chunk_size=8)[0]
     assert "_ReadBackward" in graph_nodes(o)
     assert "_ScoresBackward" in graph_nodes(o)
     q = torch.rand(1, 2, 20, 4, requires_grad=True)
     out = causal_linear_attention(q, q, q, 8)[0]
-    assert "_LinearAttentionBackward" in graph_nodes(out)
+    assert "_ChunkLinearAttentionBackward" in graph_nodes(out)
 
 
 def test_partial_and_repeated_backward_passes():
@@ -264,7 +265,7 @@ def test_fused_scan_matches_float64_reference(case, dtype, gated):
     """For any logit range (flat to +-30 per token per slot), offset, padding and chunk size,
     the hand-written backward's outputs and every input's gradient are finite and equal the
     float64 O(T^2) reference: rtol = atol = 1e-5 in float32, 1e-9 in float64 (atol relative
-    to magnitudes above 1), with the refinement's read separate or fused with a gate."""
+    to magnitudes above 1), with the refinement's read separate or gated with a gate."""
     inputs = build(case)
     kwargs = dict(gate=torch.tensor(0.6, dtype=dtype)) if gated else {}
     expected = outputs_and_grads(with_delta(asa_attend_naive), inputs, torch.float64, **kwargs)

@@ -41,34 +41,34 @@ def make_inputs(b: int, t: int, h: int, k: int, d: int, pad: bool = True, logit_
     )
 
 
-def run(fn, inputs: dict, weight: torch.Tensor, dtype: torch.dtype, fused: bool, **kwargs):
+def run(fn, inputs: dict, weight: torch.Tensor, dtype: torch.dtype, gated: bool, **kwargs):
     """Run ``fn`` on leaf copies of ``inputs``; return outputs and the gradients of a fixed
     random projection of every output with respect to every input."""
     leaves = {name: x.detach().to(dtype).requires_grad_() for name, x in inputs.items()}
     w = weight.detach().to(dtype).requires_grad_()
     gate = torch.tensor(0.7, dtype=dtype, requires_grad=True)
     refine = lambda r: torch.tanh(r.to(dtype) @ w)  # noqa: E731
-    result = fn(**leaves, read_temperature=0.8, refine=refine, gate=gate if fused else None,
+    result = fn(**leaves, read_temperature=0.8, refine=refine, gate=gate if gated else None,
                 **kwargs)
     o, r, delta = result[:3]
-    outs = [o, r] + ([] if fused else [delta])
+    outs = [o, r] + ([] if gated else [delta])
     gen = torch.Generator().manual_seed(1)
     loss = sum((x.double() * torch.randn(x.shape, generator=gen, dtype=torch.float64)).sum()
                for x in outs)
-    params = list(leaves.values()) + [w] + ([gate] if fused else [])
+    params = list(leaves.values()) + [w] + ([gate] if gated else [])
     grads = torch.autograd.grad(loss, params)
     return [x.detach().double() for x in outs], [g.double() for g in grads]
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+@pytest.mark.parametrize("gated", [False, True], ids=["split", "gated"])
 @pytest.mark.parametrize("chunk", [1, 8, 64], ids=lambda c: f"C{c}")
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-def test_chunked_matches_reference_outputs_and_every_gradient(shape, chunk, fused):
+def test_chunked_matches_reference_outputs_and_every_gradient(shape, chunk, gated):
     b, t, h, k, d = shape
     inputs = make_inputs(*shape)
     weight = torch.randn(k, k)
-    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, fused)
-    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, fused,
+    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, gated)
+    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, gated,
                     chunk_size=chunk)
     for a, e in zip(out, ref_out, strict=True):
         assert torch.isfinite(a).all()
@@ -244,18 +244,18 @@ def steep_inputs(case: str, b: int = 2, t: int = 130, h: int = 2, k: int = 3, d:
     return {name: v.to(dtype) for name, v in x.items()}
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+@pytest.mark.parametrize("gated", [False, True], ids=["split", "gated"])
 @pytest.mark.parametrize("case", ["rise2", "recency4", "rise50"])
-def test_steep_logits_chunk_64_match_chunk_1_and_reference(case, fused):
+def test_steep_logits_chunk_64_match_chunk_1_and_reference(case, gated):
     """Issue 15: write logits rising by more than ~88 inside one chunk underflowed the early
     positions' denominators (zeros, then NaN). At chunk 64 in float32 the outputs and every input
     gradient are finite and equal chunk 1 and the float64 O(T^2) reference (rtol = atol = 1e-5)."""
     inputs = steep_inputs(case)
     weight = torch.randn(3, 3)
-    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, fused)
-    one_out, one_grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, fused,
+    ref_out, ref_grad = run(asa_attend_naive, inputs, weight, torch.float64, gated)
+    one_out, one_grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, gated,
                             chunk_size=1)
-    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, fused, chunk_size=64)
+    out, grad = run(asa_attend_chunk_autograd, inputs, weight, torch.float32, gated, chunk_size=64)
     for a, one, e in zip(out + grad, one_out + one_grad, ref_out + ref_grad, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, e, **TOL)

@@ -157,8 +157,8 @@ def test_prefill_then_recurrent_decode_equals_full_forward(prefill):
 
 @pytest.mark.parametrize("variant", ["default", "padded", "authors_options", "no_refinement",
                                      "no_grad", "bare", "float64"])
-def test_fused_decode_step_equals_reference_path(variant, monkeypatch):
-    """The fused decode step (taken when ASMModel hands its layers the per-token constants)
+def test_recurrent_decode_step_equals_reference_path(variant, monkeypatch):
+    """The recurrent decode step (taken when ASMModel hands its layers the per-token constants)
     equals the chunked path on one position (the reference, taken here by withholding the
     constants): logits and every cache tensor after each of 10 tokens, with left padding,
     the authors' options (softplus-clamped gain, slot-space rotary), without refinement,
@@ -197,7 +197,7 @@ def test_fused_decode_step_equals_reference_path(variant, monkeypatch):
     assert all(layer.step_weights is None for layer in caches[1].layers)
 
 
-def test_fused_decode_step_gradients_equal_reference_path(monkeypatch):
+def test_recurrent_decode_step_gradients_equal_reference_path(monkeypatch):
     """With gradients on, the decode step derives its constants from the weights anew, so a
     loss on its logits gives the weights the reference path's gradients."""
     model = tiny_model()

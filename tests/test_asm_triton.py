@@ -68,8 +68,8 @@ def test_kernels_match_reference_outputs_and_every_gradient(shape, op):
         torch.testing.assert_close(a, e, **TOL)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
-def test_asa_attend_triton_matches_reference(fused):
+@pytest.mark.parametrize("gated", [False, True], ids=["split", "gated"])
+def test_asa_attend_triton_matches_reference(gated):
     b, t, h, k, d = 2, 6, 2, 4, 3
     logits, v = scan_inputs(b, t, h, k, d)
     inputs = [logits, v, torch.randn(b, h, t, d) / 2, torch.randn(b, h, t, k), torch.rand(h) * 3,
@@ -79,12 +79,12 @@ def test_asa_attend_triton_matches_reference(fused):
         leaves = [x.detach().to(dtype).requires_grad_() for x in inputs]
         lg, vv, q, kl, gamma, w, gate = leaves
         o, r, delta = fn(lg, vv, q, kl, gamma, 0.8, lambda x: torch.tanh(x.to(dtype) @ w),
-                         gate=gate if fused else None, **kwargs)[:3]
-        outs = [o, r] + ([] if fused else [delta])
+                         gate=gate if gated else None, **kwargs)[:3]
+        outs = [o, r] + ([] if gated else [delta])
         gen = torch.Generator().manual_seed(4)
         loss = sum((x.double() * torch.randn(x.shape, generator=gen, dtype=torch.float64)).sum()
                    for x in outs)
-        used = leaves if fused else leaves[:-1]
+        used = leaves if gated else leaves[:-1]
         return [x.detach().double() for x in outs] + [
             g.double() for g in torch.autograd.grad(loss, used)]
 
@@ -195,16 +195,16 @@ def test_kernels_on_steep_logits_match_reference(case, op, t):
         torch.testing.assert_close(a, e, **TOL)
 
 
-@pytest.mark.parametrize("case, fused", [("rise2", False), ("recency4", True)],
-                         ids=["rise2-split", "recency4-fused"])
-def test_asa_attend_triton_equals_chunked_on_steep_logits(case, fused):
+@pytest.mark.parametrize("case, gated", [("rise2", False), ("recency4", True)],
+                         ids=["rise2-split", "recency4-gated"])
+def test_asa_attend_triton_equals_chunked_on_steep_logits(case, gated):
     """The Triton scan + read equals the PyTorch chunked path at chunk 64 on steep logits:
     outputs, read weights and the gradients of every input (rtol = atol = 1e-5)."""
     x = steep_inputs(case, b=1, t=70, left=4)  # chunk 0's running max rises by ~120
     weight = torch.randn(3, 3)
-    out, grad = run_kernels(asa_attend_fused_recurrent, x, weight, torch.float32, fused)
+    out, grad = run_kernels(asa_attend_fused_recurrent, x, weight, torch.float32, gated)
     chunked_out, chunked_grad = run_kernels(asa_attend_chunk_autograd, x, weight, torch.float32,
-                                            fused,
+                                            gated,
                                             chunk_size=64)
     for a, e in zip(out + grad, chunked_out + chunked_grad, strict=True):
         assert torch.isfinite(a).all()

@@ -188,7 +188,7 @@ def asm(dtype: torch.dtype, backend: str, layers: int = 2) -> ASMForCausalLM:
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_decode_on_cuda_equals_the_full_pass(backend):
-    """``auto`` (Triton on CUDA) decodes through the chunked path, ``torch`` through the fused
+    """``auto`` (Triton on CUDA) decodes through the chunked path, ``torch`` through the gated
     one-token step; both equal the float64 full pass."""
     ids = torch.randint(1, 512, (2, 300), device=CUDA)
     mask = torch.ones_like(ids)

@@ -186,11 +186,11 @@ def test_prefill_then_token_by_token_decode_equals_one_pass(case, split):
 
 
 @PROPERTY
-@given(case=scan_cases(max_t=24), split=st.integers(0, 24), fused=st.booleans())
-def test_decode_step_equals_chunked_path_at_one_position(case, split, fused):
+@given(case=scan_cases(max_t=24), split=st.integers(0, 24), gated=st.booleans())
+def test_decode_step_equals_chunked_path_at_one_position(case, split, gated):
     """The decode step (:func:`asa_attend_step`, the model's fast path) equals the chunked path
     run on one position (the reference it replaces) at every position after a chunked prefill
-    of ``split`` positions: outputs ``(o, r, delta)`` (or the fused ``o + gate delta``) and the
+    of ``split`` positions: outputs ``(o, r, delta)`` (or the gated ``o + gate delta``) and the
     state, and the decoded outputs equal the float64 reference (rtol = atol = 1e-5)."""
     inputs = build(case)
     t = case["shape"][1]
@@ -198,7 +198,7 @@ def test_decode_step_equals_chunked_path_at_one_position(case, split, fused):
     w = torch.randn(case["shape"][3], case["shape"][3],
                     generator=torch.Generator().manual_seed(case["seed"] + 1))
     kw = dict(read_temperature=0.8, refine=lambda r: torch.tanh(r @ w.to(r.dtype)),
-              gate=torch.tensor(0.3) if fused else None)
+              gate=torch.tensor(0.3) if gated else None)
 
     def part(lo: int, hi: int) -> dict:
         return {n: (x[:, :, lo:hi] if x.dim() == 4 else x) for n, x in inputs.items()}

@@ -314,7 +314,7 @@ def asa_attend_chunk(
     return out, r, delta, final
 
 
-class _LinearAttention(torch.autograd.Function):
+class _ChunkLinearAttention(torch.autograd.Function):
     """Chunked causal linear attention (see :func:`causal_linear_attention_chunk`); inputs
     ``q, k [N, C, M]``, ``v [N, C, Mv]`` chunked, ``s0 [B H, M, Mv]``, ``z0 [B H, M]``; outputs
     ``out [N, C, Mv]`` and the final ``(S, Z)``."""
@@ -396,5 +396,5 @@ def causal_linear_attention_chunk(
     else:
         s0 = state[0].to(dt).reshape(b * h, mm, mv)
         z0 = state[1].to(dt).reshape(b * h, mm)
-    out, s, z = _LinearAttention.apply(q3, k3, v3, s0, z0, nc)
+    out, s, z = _ChunkLinearAttention.apply(q3, k3, v3, s0, z0, nc)
     return _unchunk(out, (b, h, t, nc)), (s.view(b, h, mm, mv), z.view(b, h, mm))

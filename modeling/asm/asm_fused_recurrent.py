@@ -327,7 +327,7 @@ def slot_scores_fused_recurrent(x: torch.Tensor, logits: torch.Tensor, v: torch.
     return _SlotScores.apply(x, logits, v, state.m, state.den, state.num)
 
 
-class _LinearAttention(torch.autograd.Function):
+class _RecurrentLinearAttention(torch.autograd.Function):
     """Causal linear attention on the Triton kernels; the initial state is constant."""
 
     @staticmethod
@@ -372,7 +372,7 @@ def causal_linear_attention_fused_recurrent(
     if state is None:
         state = (torch.zeros(b, h, mm, mm, device=v.device),
                  torch.zeros(b, h, mm, device=v.device))
-    out, s, z = _LinearAttention.apply(phi_q, phi_k, v, state[0], state[1])
+    out, s, z = _RecurrentLinearAttention.apply(phi_q, phi_k, v, state[0], state[1])
     return out, (s, z)
 
 
