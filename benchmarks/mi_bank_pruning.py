@@ -18,7 +18,7 @@ import time
 import torch
 
 from eval_harness.capability.task import _neutral_nll
-from eval_harness.trait_steering.task import eval_pairs
+from eval_harness.directions import eval_pairs
 from hf_memory import BankSet, MemoryBank, MemoryMethod, PlainMethod, load_default_model
 from hf_memory.analysis.corpus import kjv_sentences
 from hf_memory.metrics.likelihood import pair_margins

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from eval_harness.trait_steering.task import eval_pairs
+from eval_harness.directions import eval_pairs
 from hf_memory import MemoryMethod, PromptMethod, load_default_model
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.metrics.steering_cost import NeutralCost

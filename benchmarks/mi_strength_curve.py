@@ -17,7 +17,7 @@ from importlib import resources
 
 import torch
 
-from eval_harness.trait_steering.task import eval_pairs
+from eval_harness.directions import eval_pairs
 from hf_memory import BankSet, load_default_model, steer
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.recipes.calibration_data import direction_parts, oriented

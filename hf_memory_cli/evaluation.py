@@ -290,11 +290,8 @@ def _eval(args: argparse.Namespace) -> None:
     if args.task == "ffn-memories":
         path = _ffn_memories(args, model, tokenizer, out)
     elif args.task in ("trait-steering", "layer-ablation"):
-        from eval_harness.trait_steering.task import (
-            TraitSteeringConfig,
-            run_layer_ablation,
-            run_trait_steering,
-        )
+        from eval_harness.directions import TraitSteeringConfig
+        from eval_harness.trait_steering.task import run_layer_ablation, run_trait_steering
 
         steering = TraitSteeringConfig(directions=args.directions, limit=args.limit,
                                        questionnaire_limit=args.limit,
@@ -302,6 +299,7 @@ def _eval(args: argparse.Namespace) -> None:
                                        calibration_pairs=args.calibration_pairs or 24,
                                        top_layers=args.top_layers, caa_layer=args.caa_layer,
                                        num_bootstrap=args.bootstrap, seed=args.seed,
+                                       cost_texts=args.cost_texts,
                                        selectors_dir=args.selectors or str(out / "selectors"))
         run = run_trait_steering if args.task == "trait-steering" else run_layer_ablation
         path = run_task(args.task, lambda: run(model, tokenizer, steering),
@@ -447,6 +445,10 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="tradeoff / persona-ab: the cost limit of the matched-cost table, "
                           "ΔNLL per token of neutral text (persona-ab: also the calibration's "
                           "cost budget; default: 0.1)")
+    run.add_argument("--cost-texts", type=positive_int, metavar="N",
+                     help="trait-steering, layer-ablation: measure the cost budget on the first N "
+                          "shipped neutral passages and prompts (default: all; fewer is faster "
+                          "and noisier)")
     run.add_argument("--sets", type=_csv(PERSONA_SETS), default=list(PERSONA_SETS),
                      metavar="S,S,...",
                      help=f"persona-ab: persona A/B sets among {', '.join(PERSONA_SETS)} "

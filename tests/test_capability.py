@@ -15,8 +15,8 @@ from eval_harness.capability.task import (
     run_capability,
     score_questions,
 )
+from eval_harness.directions import TraitSteeringConfig
 from eval_harness.runner import validate_results
-from eval_harness.trait_steering.task import TraitSteeringConfig
 from hf_memory.baselines.methods import PlainMethod, PromptMethod
 
 
@@ -92,6 +92,7 @@ def test_capability_end_to_end_on_the_embedded_model(default_model, tmp_path):
                               memory_gain_scales=(0.5, 1.0))
     steering = TraitSteeringConfig(directions=["E+"], candidate_layers=[19, 20],
                                    calibration_pairs=4, top_layers=1, caa_scales=(1.0, 4.0),
+                                   cost_texts=2,
                                    selectors_dir=str(tmp_path / "selectors"))
     path = run_task("capability", lambda: run_capability(model, tokenizer, config, steering),
                     model=model, config={"directions": ["E+"]}, seed=0, out=tmp_path)

@@ -77,6 +77,7 @@ BAD_INPUTS = [
     (["eval", "trait-steering", "--calibration-pairs", "99", "--out", OUT], "between 1 and 24"),
     (["eval", "trait-steering", "--bootstrap", "0", "--out", OUT], "must be >= 1"),
     (["eval", "trait-steering", "--top-layers", "0", "--out", OUT], "must be >= 1"),
+    (["eval", "trait-steering", "--cost-texts", "0", "--out", OUT], "must be >= 1"),
     (["eval", "asm-refinement", "--betas", "0,-1", "--out", OUT],
      "expected finite non-negative numbers"),
     (["eval", "capability", "--memory-gains", "0.5", "--out", OUT], "include 1.0"),

@@ -10,7 +10,7 @@ import torch
 from hf_memory import BankSet, MemoryMethod, PromptMethod, Selector, steer
 from hf_memory.chat.generation import chat_messages
 from hf_memory.metrics.likelihood import log_probabilities
-from hf_memory.metrics.steering_cost import NeutralCost, cost_texts
+from hf_memory.metrics.steering_cost import NeutralCost, cost_texts, neutral_sample
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
 from hf_memory.selection.budget_search import BudgetSearch
 from tests.test_memory_inception import random_bank
@@ -326,3 +326,15 @@ def test_content_slots_are_the_descriptor_slots_without_function_words(chat_tiny
     assert torch.equal(content.values, whole.values[:, :, rows])
     with pytest.raises(ValueError, match="keep must be one of"):
         MemoryBank.from_text(model, tokenizer, text, keep="nouns")
+
+
+def test_a_neutral_sample_is_the_first_shipped_texts_and_its_size_is_checked():
+    from eval_harness.directions import TraitSteeringConfig
+
+    shipped = cost_texts()
+    assert neutral_sample(None) == {}
+    assert neutral_sample(2) == {"passages": shipped["passages"][:2],
+                                 "prompts": shipped["prompts"][:2]}
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="cost_texts must be a positive integer"):
+            TraitSteeringConfig(cost_texts=bad)

@@ -17,11 +17,11 @@ from eval_harness.bigfive.task import (
     load_items,
     summarize,
 )
+from eval_harness.directions import TraitSteeringConfig
 from eval_harness.metrics import METRICS_DIR, load_metric
 from eval_harness.names import FACTORS
 from eval_harness.report import render_report
 from eval_harness.runner import environment, validate_results
-from eval_harness.trait_steering.task import TraitSteeringConfig
 from hf_memory.selection.selector import Selector
 
 
@@ -231,9 +231,10 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     assert cli.main(["eval", "trait-steering", "--directions", "N+", "--limit", "1",
                      "--candidate-layers", "19-20", "--calibration-pairs", "4",
                      "--top-layers", "1", "--bootstrap", "20",
-                     "--out", str(tmp_path)]) == 0
+                     "--cost-texts", "2", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     validate_results(record)
+    assert record["config"]["cost_texts"] == 2
     results = record["results"]
     assert results["items"] == {"likelihood": 5, "questionnaire": 5,
                                 "source": results["items"]["source"]}
@@ -261,7 +262,7 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
 def test_layer_ablation_smoke_run(tmp_path):
     assert cli.main(["eval", "layer-ablation", "--directions", "N-", "--limit", "1",
                      "--candidate-layers", "19-20", "--calibration-pairs", "4",
-                     "--top-layers", "1", "--bootstrap", "20",
+                     "--top-layers", "1", "--bootstrap", "20", "--cost-texts", "2",
                      "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     validate_results(record)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from eval_harness.directions import TraitSteeringConfig, eval_pairs
 from eval_harness.persistence.task import PersistenceConfig, opposite_history, run_persistence
 from eval_harness.runner import validate_results
-from eval_harness.trait_steering.task import TraitSteeringConfig, eval_pairs
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.recipes.calibration_data import calibration_pairs
 
@@ -70,6 +70,7 @@ def test_persistence_end_to_end_on_the_embedded_model(default_model, tmp_path):
     config = PersistenceConfig(directions=["E+"], lengths=[0, 64], items=2, num_bootstrap=20)
     steering = TraitSteeringConfig(directions=["E+"], candidate_layers=[19, 20],
                                    calibration_pairs=4, top_layers=1, caa_scales=(1.0, 4.0),
+                                   cost_texts=2,
                                    selectors_dir=str(tmp_path / "selectors"))
     path = run_task("persistence", lambda: run_persistence(model, tokenizer, config, steering),
                     model=model, config={"directions": ["E+"]}, seed=0, out=tmp_path)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from eval_harness.dialogue_shift.task import DialogueShiftConfig
-from eval_harness.trait_steering.task import bank_sources, behavioural_selector
+from eval_harness.directions import bank_sources, behavioural_selector
 from hf_memory import BankSet, MemoryBank, Selector, model_fingerprint
 from tests.tiny_models import tiny_model
 
@@ -62,7 +62,7 @@ def test_a_selector_made_on_another_model_is_not_reused(default_model, tmp_path)
 
 @pytest.mark.slow
 def test_the_shipped_selectors_are_reused_whatever_the_thread_count(default_model, monkeypatch):
-    from eval_harness.trait_steering.task import TraitSteeringConfig, _bank
+    from eval_harness.directions import TraitSteeringConfig, direction_bank
     from hf_memory.recipes.calibration_data import calibration_pairs, direction_parts
 
     model, tokenizer = default_model
@@ -71,7 +71,7 @@ def test_the_shipped_selectors_are_reused_whatever_the_thread_count(default_mode
     for direction in config.directions:
         _, _, target, _ = direction_parts(direction)
         pairs, drift = calibration_pairs(direction, 24, 2)
-        banks = BankSet([_bank(model, tokenizer, target, "target", "persona", config)],
+        banks = BankSet([direction_bank(model, tokenizer, target, "target", "persona", config)],
                         model=model)
         selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config,
                                         direction)

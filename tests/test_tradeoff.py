@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from eval_harness.capability.task import capability_questions
+from eval_harness.directions import TraitSteeringConfig, direction_bank, eval_pairs
 from eval_harness.runner import run_task
 from eval_harness.tradeoff.report import render_tradeoff
 from eval_harness.tradeoff.task import TradeoffConfig, matched, run_tradeoff
-from eval_harness.trait_steering.task import TraitSteeringConfig, _bank, eval_pairs
 from hf_memory import BankSet, MemoryMethod, Selector
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.recipes.calibration_data import direction_parts, oriented
@@ -42,11 +42,12 @@ def test_bad_configurations_are_one_clear_error(bad, message):
         TradeoffConfig(**bad)
 
 
+@pytest.mark.slow
 def test_a_small_run_agrees_with_its_parts(default_model, monkeypatch, tmp_path):
     model, tokenizer = default_model
     selector = Selector(layers=[20], units={20: [0, 2]}, unit_type="kv_group",
                         layer_gains={20: 1.0}, candidate_layers=[20], strength=0.5)
-    monkeypatch.setattr("eval_harness.trait_steering.task.behavioural_selector",
+    monkeypatch.setattr("eval_harness.directions.behavioural_selector",
                         lambda *args, **kwargs: selector)
     questions = capability_questions(1, 0)[:6]
     monkeypatch.setattr("eval_harness.capability.task.capability_questions",
@@ -62,7 +63,7 @@ def test_a_small_run_agrees_with_its_parts(default_model, monkeypatch, tmp_path)
     assert direction["sites"]["selector_strength"] == 0.5
     # the memory point is the selector's sites at that strength, scored on the held-out pairs
     pairs = [oriented(i, 1) for i in eval_pairs() if i["trait"] == "N"]
-    bank = _bank(model, tokenizer, direction_parts("N+")[2], "target", "persona",
+    bank = direction_bank(model, tokenizer, direction_parts("N+")[2], "target", "persona",
                  TraitSteeringConfig(directions=["N+"]))
     method = MemoryMethod(BankSet([bank], model=model), layers=[20], units={20: [0, 2]},
                           unit_type="kv_group", layer_gains={20: 1.0}, strength=0.5)

@@ -2,7 +2,7 @@
 D.7 / F.7 question, in a likelihood form a 135M model can answer).
 
 For each Big Five direction, the methods frozen exactly as ``trait-steering`` freezes them
-(:func:`~eval_harness.trait_steering.task.calibrate_direction`: the prompt, memory inception at the
+(:func:`~eval_harness.directions.calibrate_direction`: the prompt, memory inception at the
 behavioural selector's sites, CAA at its calibrated scale) are scored against the plain model on
 
 - **questions** generated in code: additions of two numbers from 2 to 49 and the capitals of 30
@@ -199,14 +199,14 @@ def _interval(draw, size: int, num_bootstrap: int, seed: int) -> list[float]:
 def run_capability(model, tokenizer, config: CapabilityConfig,
                    steering=None) -> dict[str, Any]:
     """Retention and neutral-text ΔNLL of prompt, CAA and memory per direction (module
-    docstring). ``steering``: the :class:`~eval_harness.trait_steering.task.TraitSteeringConfig`
+    docstring). ``steering``: the :class:`~eval_harness.directions.TraitSteeringConfig`
     the methods are frozen under (default: trait-steering's defaults, whose shipped selectors
     are reused when they match).
 
     Raises:
         ValueError: the plain model answers none of the questions (nothing to retain).
     """
-    from ..trait_steering.task import TraitSteeringConfig, calibrate_direction, eval_pairs
+    from ..directions import TraitSteeringConfig, calibrate_direction, eval_pairs
 
     questions, kept, sentences, plain_nll, counts = plain_baseline(model, tokenizer, config)
     runs = []

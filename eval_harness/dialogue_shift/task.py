@@ -57,9 +57,9 @@ from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
 
 from ..bigfive.task import CAA_FRAMES
+from ..directions import CAAFromStart, behavioural_selector
 from ..intervals import mean_interval
 from ..names import check_positive_ints
-from ..trait_steering.task import CAAFromStart, behavioural_selector
 from .cases import (
     TRANSITIONS,
     check_case,

@@ -43,9 +43,9 @@ from hf_memory.metrics.likelihood import reply_logprobs
 from hf_memory.metrics.text_quality import repetition
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
 
+from ..directions import behavioural_selector
 from ..intervals import mean_interval
 from ..names import RULES, check_positive_ints
-from ..trait_steering.task import behavioural_selector
 
 __all__ = ["RULES", "GuidanceConfig", "RuleJudge", "rule_items", "rule_text", "run_guidance",
            "validate_rule_judge"]

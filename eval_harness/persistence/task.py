@@ -12,7 +12,7 @@ is scored under
 - ``prompt``: the target descriptor as a system message **once, at the start** (before the
   history), as a user would set it;
 - ``caa`` and ``memory``: frozen exactly as ``trait-steering`` freezes them
-  (:func:`~eval_harness.trait_steering.task.calibrate_direction`), active over the whole
+  (:func:`~eval_harness.directions.calibrate_direction`), active over the whole
   conversation (CAA from the first position, like memory).
 
 Reported per method and length: the mean oriented margin and its shift over plain at the same
@@ -91,7 +91,7 @@ def run_persistence(model, tokenizer, config: PersistenceConfig,
     """The margin-vs-history-length curves of plain, prompt, CAA and memory (module docstring).
     ``steering``: the ``TraitSteeringConfig`` the methods are frozen under (default:
     trait-steering's)."""
-    from ..trait_steering.task import TraitSteeringConfig, calibrate_direction, eval_pairs
+    from ..directions import TraitSteeringConfig, calibrate_direction, eval_pairs
 
     context = model.config.max_position_embeddings
     if max(config.lengths) >= context:

@@ -109,11 +109,11 @@ def summarize(directions: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _methods(model, tokenizer, direction: str, config: TradeoffConfig
              ) -> tuple[dict[str, tuple[str, float, Method]], dict[str, Any]]:
     """Every point's method: name → (family, strength, method); and the sites used."""
-    from ..trait_steering.task import (
+    from ..directions import (
         CAAFromStart,
         TraitSteeringConfig,
-        _bank,
         behavioural_selector,
+        direction_bank,
         neutral_control,
     )
 
@@ -123,7 +123,7 @@ def _methods(model, tokenizer, direction: str, config: TradeoffConfig
     _, _, target, reference = direction_parts(direction)
     pairs, drift = calibration_pairs(direction, steering.calibration_pairs,
                                      steering.drift_pairs)
-    banks = BankSet([_bank(model, tokenizer, target, "target", "persona", steering)],
+    banks = BankSet([direction_bank(model, tokenizer, target, "target", "persona", steering)],
                     model=model)
     selector = behavioural_selector(model, tokenizer, banks, pairs, drift, steering, direction,
                                     control=neutral_control(model, tokenizer, steering))
@@ -148,7 +148,7 @@ def _methods(model, tokenizer, direction: str, config: TradeoffConfig
 
 def run_tradeoff(model, tokenizer, config: TradeoffConfig) -> dict[str, Any]:
     """Trace every method of every direction (module docstring); return the task's results."""
-    from ..trait_steering.task import eval_pairs
+    from ..directions import eval_pairs
 
     questions, kept, sentences, plain_nll, counts = plain_baseline(model, tokenizer, config)
     directions = []

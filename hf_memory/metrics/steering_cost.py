@@ -24,12 +24,21 @@ from hf_memory.chat.generation import chat_messages, generate_chat
 from hf_memory.data import load_json
 from hf_memory.metrics.likelihood import reply_logprobs
 
-__all__ = ["NeutralCost", "cost_texts"]
+__all__ = ["NeutralCost", "cost_texts", "neutral_sample"]
 
 
 def cost_texts() -> dict[str, Any]:
     """The shipped calibration-side neutral text: ``request``, ``passages``, ``prompts``."""
     return load_json("cost_texts.json")
+
+
+def neutral_sample(count: int | None) -> dict[str, list[str]]:
+    """``NeutralCost`` keyword arguments for the first ``count`` shipped passages and prompts
+    (None: every shipped one, the default): a cheaper, noisier cost for quick runs."""
+    if count is None:
+        return {}
+    shipped = cost_texts()
+    return {"passages": shipped["passages"][:count], "prompts": shipped["prompts"][:count]}
 
 
 def _check_texts(name: str, texts: Sequence[str]) -> list[str]:

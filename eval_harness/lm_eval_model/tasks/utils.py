@@ -12,7 +12,7 @@ from typing import Any
 from datasets import Dataset
 
 from eval_harness.capability.task import capability_questions
-from eval_harness.trait_steering.task import EVAL_PATH
+from eval_harness.directions import EVAL_PATH
 
 __all__ = ["capability", "persona_ab", "trait_pairs"]
 
