@@ -105,6 +105,7 @@ def test_bad_requests_are_refused(tokenizer):
         run_asm_refinement(ASMForCausalLM(config), tokenizer, blocks=2, betas=())
 
 
+@pytest.mark.slow
 def test_cpu_pipeline_trains_both_models_and_reports(tmp_path, capsys):
     """What CI runs: corpus -> BPE -> a few steps of ASM and of its matched Transformer ->
     asm-refinement -> report, through the command line."""

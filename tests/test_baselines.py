@@ -131,6 +131,7 @@ def test_likert_constraint_answers_with_a_digit(default_model):
         AllowedTokensProcessor.from_strings(tokenizer, ["strongly agree"])
 
 
+@pytest.mark.slow
 def test_methods_sharing_batches_answer_as_each_alone(default_model, anxious_caa):
     model, tokenizer = default_model
     bank = MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, template="{text}",

@@ -204,6 +204,7 @@ def test_banks_of_another_model_are_refused(default_model, steering, tmp_path):
                    selector=str(tmp_path / "selector"))
 
 
+@pytest.mark.slow
 def test_unknown_task_is_one_clear_error():
     from eval_harness.lm_eval_model.task import check_tasks
 

@@ -70,6 +70,7 @@ def one_process(tmp_path_factory):
     return out, run(out)
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_on_the_same_global_batch(one_process, tmp_path):
     single_out, single = one_process
     launched(str(tmp_path))
@@ -86,6 +87,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(one_process, tmp_path)
     assert not list(tmp_path.glob(".*.partial")), "a staging folder was left behind"
 
 
+@pytest.mark.slow
 def test_a_killed_two_process_run_resumes_to_the_same_weights(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     launched(str(straight))
@@ -103,12 +105,14 @@ def test_a_killed_two_process_run_resumes_to_the_same_weights(tmp_path):
                     json.loads((straight / "log.json").read_text()), rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_a_batch_the_processes_cannot_share_names_the_problem(tmp_path):
     done = launch(str(tmp_path), "--batch-size", "3")
     assert done.returncode != 0
     assert "must be a multiple of the 2 processes" in done.stderr
 
 
+@pytest.mark.slow
 def test_air_training_refuses_several_processes_by_name(tmp_path):
     done = launch(str(tmp_path), "--air")
     assert done.returncode != 0

@@ -160,6 +160,7 @@ def test_persona_bad_input_is_one_clear_error(chat_tiny):
         calibrate_persona(model, tokenizer, TEXT, PAIRS[:2], recipes=["exemplars"])
 
 
+@pytest.mark.slow
 def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypatch):
     from hf_memory.recipes import demo, shipped
 

@@ -292,6 +292,7 @@ def test_the_command_line_refuses_bad_input_in_one_line(capsys):
     assert "must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_lm_eval_tasks_score_the_persona_answers(tiny, tokenizer, kept_environ):
     pytest.importorskip("lm_eval")
     from lm_eval.api.instance import Instance

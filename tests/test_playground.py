@@ -171,6 +171,7 @@ def _type_until_kept(field, text: str, tries: int = 5) -> None:
     expect(field).to_have_value(text, timeout=5_000)
 
 
+@pytest.mark.slow
 def test_the_page_in_chromium(served_page, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 

@@ -109,6 +109,7 @@ def test_an_in_context_bank_is_no_more_of_a_sink_than_its_visible_text(default_m
             int(text_share[layer].argmax())]
 
 
+@pytest.mark.slow
 def test_calibration_bad_input_is_one_clear_error(default_model):
     model, tokenizer = default_model
     pairs, drift = calibration_pairs("N+")
