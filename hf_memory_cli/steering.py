@@ -82,7 +82,8 @@ def _bank_build(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     role = ROLES[args.role]
     name = args.name or ("persona" if role == "target" else role)
-    bank = persona_bank(model, tokenizer, text, role=role, name=name, gain=args.gain)
+    bank = persona_bank(model, tokenizer, text, role=role, name=name, gain=args.gain,
+                        placement=args.placement)
     kept = [b for b in (existing or []) if b.name != name
             and not (role != "auxiliary" and b.role == role)]
     banks = BankSet([*kept, bank], model=model,
@@ -423,6 +424,10 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--name", help="the bank's name (default: persona for a target bank, "
                                       "else the role)")
     build.add_argument("--gain", type=non_negative, default=1.0, help="bank gain (default: 1)")
+    build.add_argument("--placement", choices=("free", "before"), default="free",
+                       help="free: the slots carry no position (default); before: each slot sits "
+                            "where its text would if it came just before the conversation, so "
+                            "the slots meet the query as a visible prompt's keys would")
     build.add_argument("--out", required=True, metavar="DIR", help="the bank set folder")
     add_model_arguments(build)
     build.set_defaults(handler=_bank_build)

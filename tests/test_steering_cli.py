@@ -65,6 +65,26 @@ def test_bank_build_adds_and_replaces_banks(tiny_dirs, tmp_path, capsys):
     banks = BankSet.from_pretrained(out)
     assert sorted(b.role for b in banks) == ["reference", "target"]
     assert banks["persona"].provenance["text"] == "You talk like a poet."
+    assert banks["persona"].positions is None  # free slots by default
+
+
+def test_bank_build_places_the_slots_before_the_conversation(tiny_dirs, tmp_path, capsys):
+    from hf_memory.recipes.shipped import persona_bank
+    from hf_memory_cli.model_loading import load_model
+
+    model, out = tiny_dirs[0], str(tmp_path / "banks")
+    assert cli(capsys, "bank", "build", "--text", "You talk like a pirate.", "--placement",
+               "before", "--out", out, "--model", model)[0] == 0
+    (bank,) = BankSet.from_pretrained(out)
+    assert bank.provenance["placement"] == "before"
+    loaded, tokenizer = load_model(model, None)
+    expected = persona_bank(loaded, tokenizer, "You talk like a pirate.", placement="before")
+    assert torch.equal(bank.positions, expected.positions) and bool((bank.positions < 0).all())
+    with pytest.raises(SystemExit) as exit_:
+        main(["bank", "build", "--text", "x", "--placement", "after", "--out",
+              str(tmp_path / "other"), "--model", model])
+    assert exit_.value.code == 2 and "invalid choice: 'after'" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -28,13 +28,15 @@ DEMO_PERSONA = "pirate"  # a persona the embedded model voices from a visible pr
 
 
 def persona_bank(model, tokenizer, text: str, *, role: str = "target", name: str = "persona",
-                 layers: Sequence[int] | None = None, gain: float = BANK_RECIPE["gain"]):
-    """The demo's and the shipped selectors' bank recipe: ``text`` as a system message."""
+                 layers: Sequence[int] | None = None, gain: float = BANK_RECIPE["gain"],
+                 placement: str = "free"):
+    """The demo's and the shipped selectors' bank recipe: ``text`` as a system message
+    (``placement``: see :meth:`~hf_memory.banks.bank.MemoryBank.from_text`)."""
     from hf_memory.banks.bank import MemoryBank
 
     return MemoryBank.from_text(model, tokenizer, text, role=role, name=name, layers=layers,
                                 template=BANK_RECIPE["template"],
-                                context=BANK_RECIPE["context"], gain=gain)
+                                context=BANK_RECIPE["context"], gain=gain, placement=placement)
 
 
 def selectors_dir():
