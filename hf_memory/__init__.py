@@ -22,26 +22,26 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-_EXPORTS = {
+_EXPORTS = {  # the module (by folder: see README.md beside this file) -> the names it exports
     "models.adapters": ["SUPPORTED_MODEL_TYPES", "UnsupportedModelError"],
-    "banks.bank_set": ["BankSet", "BankSetFormatError"],
-    "banks.bank": ["DEFAULT_TEMPLATES", "MemoryBank"],
-    "baselines.caa": ["CAAVectors", "apply_caa"],
-    "chat.generation": ["chat_messages", "generate_chat", "generate_conversations"],
-    "chat.allowed_tokens": ["AllowedTokensProcessor"],
-    "steering.controller": ["BankController", "Switch"],
-    "steering.conversation": ["Conversation"],
     "models.default_model": ["DEFAULT_MODEL_ID", "DefaultModelUnavailableError",
-                      "ensure_default_model_cached", "load_default_model"],
+                             "ensure_default_model_cached", "load_default_model"],
     "models.embedded": ["EMBEDDED_MODELS", "EmbeddedModelUnavailableError", "load_embedded_model"],
     "models.fingerprint": ["FingerprintMismatchError", "model_fingerprint"],
+    "chat.generation": ["chat_messages", "generate_chat", "generate_conversations"],
+    "chat.allowed_tokens": ["AllowedTokensProcessor"],
+    "banks.bank": ["DEFAULT_TEMPLATES", "MemoryBank"],
+    "banks.bank_set": ["BankSet", "BankSetFormatError"],
     "metrics.kv_accounting": ["KVFootprint", "kv_footprint"],
-    "baselines.methods": ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
-                "generate_with", "generate_with_each"],
-    "recipes.persona": ["PersonaSteering", "calibrate_persona", "persona_banks"],
-    "selection.selector": ["Selector"],
-    "steering.handle": ["RowSteering", "SteeringHandle", "steer", "steered_generate"],
     "metrics.text_quality": ["distinct_n", "lexicon_rate", "repeated_ngram_fraction", "repetition"],
+    "steering.handle": ["RowSteering", "SteeringHandle", "steer", "steered_generate"],
+    "steering.controller": ["BankController", "Switch"],
+    "steering.conversation": ["Conversation"],
+    "baselines.caa": ["CAAVectors", "apply_caa"],
+    "baselines.methods": ["CAAMethod", "MemoryMethod", "Method", "PlainMethod", "PromptMethod",
+                          "generate_with", "generate_with_each"],
+    "selection.selector": ["Selector"],
+    "recipes.persona": ["PersonaSteering", "calibrate_persona", "persona_banks"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -140,3 +140,26 @@ def test_command_line_modules_form_no_cycle():
         if name not in state:
             visit(name, [])
     assert edges["main"] >= {"air", "arith", "memory", "publish"}  # the graph is really read
+
+
+# Every name hf_memory exported before its modules moved into folders (b54bc12).
+PUBLIC_BEFORE_THE_MOVE = [
+    "AllowedTokensProcessor", "BankController", "BankSet", "BankSetFormatError", "CAAMethod",
+    "CAAVectors", "Conversation", "DEFAULT_MODEL_ID", "DEFAULT_TEMPLATES",
+    "DefaultModelUnavailableError", "EMBEDDED_MODELS", "EmbeddedModelUnavailableError",
+    "FingerprintMismatchError", "KVFootprint", "MemoryBank", "MemoryMethod", "Method",
+    "PersonaSteering", "PlainMethod", "PromptMethod", "RowSteering", "SUPPORTED_MODEL_TYPES",
+    "Selector", "SteeringHandle", "Switch", "UnsupportedModelError", "__version__", "apply_caa",
+    "calibrate_persona", "chat_messages", "distinct_n", "ensure_default_model_cached",
+    "generate_chat", "generate_conversations", "generate_with", "generate_with_each",
+    "kv_footprint", "lexicon_rate", "load_default_model", "load_embedded_model",
+    "model_fingerprint", "persona_banks", "repeated_ngram_fraction", "repetition", "steer",
+    "steered_generate"]
+
+
+def test_every_name_hf_memory_exported_before_the_move_still_imports_from_it():
+    import hf_memory
+
+    assert sorted(hf_memory.__all__) == sorted(PUBLIC_BEFORE_THE_MOVE)
+    for name in PUBLIC_BEFORE_THE_MOVE:
+        assert getattr(hf_memory, name) is not None, name
