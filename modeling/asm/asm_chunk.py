@@ -1,14 +1,14 @@
 """The chunk form of the ASM kernels with hand-written backwards: the default PyTorch path.
 
 Same maths as :func:`~modeling.asm.asm_chunk_autograd.asa_attend_chunk_autograd` and
-:func:`~modeling.asm.asm_chunk_autograd.causal_linear_attention_chunk_autograd` (which stay as the
-autograd-through-ops references), with every chunk of a sequence in one batched product
+:func:`~modeling.asm.asm_chunk_autograd.causal_linear_attention_chunk_autograd` (autograd
+through ops, what these are tested against), with every chunk of a sequence in one batched product
 (``[B H NC, C, *]``) and only the chunk-to-chunk state recurrence in a Python loop.
 
 Scan + read, for chunks whose positions all share the chunk's reference
 ``c_s = max(m_s, max_{tau <= chunk end} l_{tau, s})`` (one band: the usual case; a chunk whose
-running max rises by the band width or more returns ``None`` and the caller takes the
-reference path): ``e[tau, s] = exp(l[tau, s] - c_s)``, ``D_s(t) = den_prev_s + sum_{tau<=t} e``,
+running max rises by the band width or more returns ``None`` and the caller takes the autograd
+chunk form): ``e[tau, s] = exp(l[tau, s] - c_s)``, ``D_s(t) = den_prev_s + sum_{tau<=t} e``,
 ``inv = 1 / D`` where written (else 0) and, for any per-position vector ``x_t`` and weights
 ``a[t, s]``,
 
@@ -284,9 +284,8 @@ def asa_attend_chunk(
     gate: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
     """:func:`~modeling.asm.asm_chunk_autograd.asa_attend_chunk_autograd` (same arguments and
-    results) with
-    the hand-written backward of this module; takes the reference path where a chunk needs
-    more than one band or the initial state needs a gradient."""
+    results) with the hand-written backward of this module; falls back to it where a chunk
+    needs more than one band or the initial state needs a gradient."""
     b, h, t, k = logits.shape
     d = v.shape[-1]
     dt = torch.promote_types(logits.dtype, torch.float32)

@@ -3,8 +3,8 @@
 Exact and independent of the chunk size (README.md beside this file, "Exact chunk-parallel
 scan"): inside a chunk all terms of one position share one reference per slot, lowered in bands
 where a running max is far below it. It handles every chunk (several bands included), so it is
-the general path and the reference of :mod:`.asm_chunk`'s hand-written backward. Both take and
-return the recurrent state, so prefill, chunked prefill and decoding run the same maths.
+the general path, and what :mod:`.asm_chunk`'s hand-written backward is tested against. Both
+take and return the recurrent state, so prefill, chunked prefill and decoding run the same maths.
 """
 
 from __future__ import annotations

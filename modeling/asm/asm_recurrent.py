@@ -95,5 +95,5 @@ def causal_linear_attention_step(
     s = torch.addcmul(s, phi_k.transpose(-1, -2), v)  # [B, H, M, M]
     z = z + phi_k[:, :, 0]
     # phi_q . Z' is 0 only where nothing was written (then phi_q S' = 0 too) or subnormal
-    # (where the reference's reciprocal overflows): the floor keeps the read finite.
+    # (where the naive form's reciprocal overflows): the floor keeps the read finite.
     return (phi_q @ s) / (phi_q @ z.unsqueeze(-1)).clamp_min(TINY[dt]), (s, z)

@@ -490,7 +490,7 @@ class ASAAttention(nn.Module):
         no intervention, in few ops (:func:`asa_attend_step`, the slot-space
         :func:`causal_linear_attention_step`, the per-token constants of ``k`` and the
         per-layer :class:`_StepWeights`, which fold the scales into the slot keys); the same
-        maths as the chunked path, which stays the reference. ``hidden [B, 1, D]`` ->
+        maths as the chunk form, which it is tested against. ``hidden [B, 1, D]`` ->
         ``[B, 1, D]``."""
         if torch.is_grad_enabled():  # made anew, so gradients reach the weights every step
             w = self._step_weights(k)
@@ -569,7 +569,7 @@ class ASAAttention(nn.Module):
         ``rotary``: the write keys' :func:`_rotary_tables` at ``positions`` (computed here if
         not given). Given ``step`` (one position, from :class:`ASMModel`) with a cache, no
         statistics and no intervention, this is the decode step :meth:`_step` unless the Triton
-        backend is chosen; otherwise the chunked path (the reference). ``backend``: the resolved
+        backend is chosen; otherwise the chunk form. ``backend``: the resolved
         ``config.scan_backend`` (:class:`ASMModel` resolves it once per pass; None: here)."""
         c = self.config
         b, t, _ = hidden.shape
