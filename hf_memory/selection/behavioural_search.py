@@ -44,7 +44,6 @@ __all__ = ["DEFAULT_COST_BUDGET", "ShiftObjective", "SiteScore", "best_strength"
            "search_sites", "summarize_shifts"]
 
 
-
 @dataclass(frozen=True)
 class SiteScore:
     """One scored configuration: layers, gain ρ, target movement, drift, score, and the

@@ -75,7 +75,6 @@ def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState) -
 ACTIVE_STEERING: ContextVar[Any] = ContextVar("hf_memory_steering", default=None)
 
 
-
 def _base_attention(name: str, module: nn.Module):
     """The stock attention function: registered (``sdpa``) or the modeling file's ``eager``."""
     if name == "eager":

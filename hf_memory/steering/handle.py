@@ -54,7 +54,6 @@ def check_strength(strength: Any) -> float:
     return float(strength)
 
 
-
 class CallSteering(CallScope):
     """What every memory steering of a call shares: activation in a context (see
     :class:`~hf_memory.steering.call_scope.CallScope`), the per-thread pre-RoPE queries of the
