@@ -10,10 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_VLLM_ARGS ?=
 # Tests run in a random order (pytest-randomly prints its seed in the header; replay an order with
 # PYTEST_ARGS=--randomly-seed=N) on every core (pytest-xdist; PYTEST_WORKERS=0 runs serially).
-# Test durations range from milliseconds to minutes, so an idle worker steals queued tests from a
-# busy one (worksteal).
 PYTEST_WORKERS ?= auto
-PYTEST_DIST ?= worksteal
 # The vLLM plugin's tests run in a second environment: vLLM pins its own transformers (<5.20).
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
@@ -83,20 +80,20 @@ browser:
 		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
 test: setup lint browser
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 	$(MAKE) test-compat
 	$(MAKE) test-vllm
 
 # The tests of the transformers API on the oldest supported transformers (see FLOOR_VENV above).
 test-compat: floor-env
 	$(FLOOR_PY) -c "import transformers; print('transformers', transformers.__version__)"
-	$(FLOOR_PY) -m pytest -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) -m compat $(PYTEST_ARGS)
+	$(FLOOR_PY) -m pytest -n $(PYTEST_WORKERS) -m compat $(PYTEST_ARGS)
 
 test-vllm: vllm-env
 	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest tests_vllm -p no:cacheprovider $(PYTEST_VLLM_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/bench_default_model.py
