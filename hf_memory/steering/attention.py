@@ -53,22 +53,6 @@ class SiteState:
     path: str = "auto"
 
 
-def _base_attention(name: str, module: nn.Module):
-    """The stock attention function: registered (``sdpa``) or the modeling file's ``eager``."""
-    if name == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[name]
-
-
-def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState) -> None:
-    """Put the site's heads of ``mixed`` ``[B, H, T, D]`` into ``output`` ``[B, T, H, D]``: the
-    mixture, or at strength s < 1 the plain output moved the fraction s of the way to it."""
-    steered = mixed[:, site.heads]
-    if site.strength != 1.0:  # (the plain heads are only gathered when they are needed)
-        steered = toward(output[:, :, site.heads].transpose(1, 2), steered, site.strength)
-    output[:, :, site.heads] = steered.transpose(1, 2).to(output.dtype)
-
-
 # The steering of the running call (None: plain). Each thread starts with none; asyncio tasks and
 # contextvars.copy_context() carry the one of the context that started them.
 # (its value: a hf_memory.steering.handle.CallSteering)
