@@ -1,16 +1,20 @@
-"""ASM on a CUDA GPU, in one process: the Triton scan against the chunked PyTorch path.
+"""ASM on a CUDA GPU, in one process: the Triton scans against the chunked PyTorch path.
 
 * one ASM-57M layer's scan + read (``asa_attend``: write scan, content-scored read weights,
-  read), forward + backward, bf16 inputs, T x B grid: Triton, chunked PyTorch (chunk 64) and the
-  per-token loop of ``benchmarks/asm_scan.py`` (short T only); tokens/s and peak memory; and
+  read), forward + backward, bf16 inputs, T x B grid: the chunk-parallel Triton kernels (chunks
+  of 16, 32, 64), the recurrent Triton kernels, chunked PyTorch and the per-token loop of
+  ``benchmarks/asm_scan.py`` (short T only); tokens/s and peak memory; and
   flash-linear-attention's ``chunk_gsa`` (gated slot attention: a slot memory written through a
   softmax over slots, the closest kernel we know) on the same B, T, heads and slots, where fla
   imports (its own section: its first calls autotune for minutes);
-* the whole ASM-57M in bf16, forward + backward, Triton vs PyTorch backend, against a
-  same-width stock Llama (SDPA);
-* decoding one token at contexts 256 .. 16k: ASM (Triton, PyTorch) vs the same-width Llama.
+* the whole ASM-57M in bf16, forward + backward, each backend (Triton chunk, Triton recurrent,
+  PyTorch), against a same-width stock Llama (SDPA);
+* decoding one token at contexts 256 .. 16k: ASM (Triton, PyTorch) vs the same-width Llama;
+* ``loss``: a short bf16 training run (a small ASM, the same seed and batches) with the chunk and
+  the recurrent kernels: the two loss curves and their largest gap.
 
-Usage: python benchmarks/gpu_asm.py [--json FILE] [--quick] [--sections layer,model,decode,fla]
+Usage: python benchmarks/gpu_asm.py [--json FILE] [--quick]
+       [--sections layer,model,decode,loss,fla]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from transformers import LlamaForCausalLM
 from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunk_autograd
 from modeling.asm.asm_fused_recurrent import asa_attend_fused_recurrent
+from modeling.asm.asm_triton_chunk import asa_attend_triton_chunk
 from modeling.asm.baseline_asm import matched_llama_config
 
 CUDA = torch.device("cuda")
@@ -104,26 +109,32 @@ def gsa_step(b: int, t: int, h: int, k: int, d: int):
 
 def layer_table(args, config: ASMConfig, rows: list[dict]) -> None:
     h, k, d = config.num_attention_heads, config.num_slots, config.head_dim
-    chunked = lambda *x: asa_attend_chunk_autograd(*x, chunk_size=config.chunk_size)  # noqa: E731
-    print(f"# one ASM-57M layer (H={h} K={k} d={d}), scan + read fwd+bwd, bf16 inputs")
-    print(f"{'B':>3} {'T':>6} {'triton tok/s':>13} {'torch tok/s':>12} {'loop tok/s':>11} "
-          f"{'triton/torch':>12} {'mem triton/torch GiB':>21}")
+    forms = {f"chunk{c}": (lambda *x, c=c: asa_attend_triton_chunk(*x, chunk=c))
+             for c in (16, 32, 64)}
+    forms["recurrent"] = asa_attend_fused_recurrent
+    forms["torch"] = lambda *x: asa_attend_chunk_autograd(*x, chunk_size=config.chunk_size)
+    print(f"# one ASM-57M layer (H={h} K={k} d={d}), scan + read fwd+bwd, bf16 inputs, tok/s")
+    print(f"{'B':>3} {'T':>6} " + " ".join(f"{n:>10}" for n in forms)
+          + f" {'loop':>8} {'best chunk/recurrent':>21} {'mem best chunk/recurrent':>25}")
     for b in args.batches:
         for t in args.lengths:
             inputs = scan_inputs(b, t, h, k, d)
             row = {"section": "layer", "B": b, "T": t}
-            for name, fn in (("triton", asa_attend_fused_recurrent), ("torch", chunked)):
+            for name, fn in forms.items():
                 sec, mem = timed(scan_step(fn, inputs), args.repeats)
                 row[name] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
             if t <= args.loop_max:
                 sec, mem = timed(scan_step(naive_loop, inputs), 1)
                 row["loop"] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
+            best = max((n for n in forms if n.startswith("chunk")),
+                       key=lambda n: row[n]["tok_s"])
+            row["best_chunk"] = best
             rows.append(row)
             loop = row.get("loop", {}).get("tok_s")
-            print(f"{b:>3} {t:>6} {row['triton']['tok_s']:>13,.0f} {row['torch']['tok_s']:>12,.0f} "
-                  f"{loop or float('nan'):>11,.0f} "
-                  f"{row['triton']['tok_s'] / row['torch']['tok_s']:>11.2f}x "
-                  f"{row['triton']['peak_gib']:>10.2f}/{row['torch']['peak_gib']:.2f}",
+            print(f"{b:>3} {t:>6} " + " ".join(f"{row[n]['tok_s']:>10,.0f}" for n in forms)
+                  + f" {loop or float('nan'):>8,.0f} {best:>8} "
+                  f"{row[best]['tok_s'] / row['recurrent']['tok_s']:>11.2f}x "
+                  f"{row[best]['peak_gib']:>14.2f}/{row['recurrent']['peak_gib']:.2f}",
                   flush=True)
             del inputs
 
@@ -147,14 +158,18 @@ def fla_table(args, config: ASMConfig, rows: list[dict]) -> None:
             rows.append(row)
 
 
+MODEL_BACKENDS = {"asm_chunk": "triton_chunk", "asm_recurrent": "triton", "asm_torch": "torch"}
+
+
 def model_table(args, rows: list[dict]) -> None:
+    names = [*MODEL_BACKENDS, "llama"]
     print("# whole model, bf16, forward + backward (loss), tokens/s")
-    print(f"{'B':>3} {'T':>6} {'asm triton':>11} {'asm torch':>10} {'llama':>9} "
-          f"{'triton/torch':>12} {'triton/llama':>12}")
+    print(f"{'B':>3} {'T':>6} " + " ".join(f"{n:>13}" for n in names)
+          + f" {'chunk/recurrent':>15} {'chunk/llama':>11}")
     for b, t in args.model_shapes:
         ids = torch.randint(0, 50257, (b, t), device=CUDA)
         row = {"section": "model", "B": b, "T": t}
-        for name in ("asm_triton", "asm_torch", "llama"):
+        for name in names:
             model = build(name, t)
             model.train()
 
@@ -166,16 +181,15 @@ def model_table(args, rows: list[dict]) -> None:
             del model
             torch.cuda.empty_cache()
         rows.append(row)
-        print(f"{b:>3} {t:>6} {row['asm_triton']['tok_s']:>11,.0f} "
-              f"{row['asm_torch']['tok_s']:>10,.0f} {row['llama']['tok_s']:>9,.0f} "
-              f"{row['asm_triton']['tok_s'] / row['asm_torch']['tok_s']:>11.2f}x "
-              f"{row['asm_triton']['tok_s'] / row['llama']['tok_s']:>11.2f}x", flush=True)
+        print(f"{b:>3} {t:>6} " + " ".join(f"{row[n]['tok_s']:>13,.0f}" for n in names)
+              + f" {row['asm_chunk']['tok_s'] / row['asm_recurrent']['tok_s']:>14.2f}x"
+              f" {row['asm_chunk']['tok_s'] / row['llama']['tok_s']:>10.2f}x", flush=True)
 
 
-def build(name: str, context: int):
+def build(name: str, context: int, **overrides):
     torch.manual_seed(0)
-    backend = "torch" if name == "asm_torch" else "triton"
-    config = ASMConfig(scan_backend=backend, max_position_embeddings=max(1024, context + 64))
+    config = ASMConfig(scan_backend=MODEL_BACKENDS.get(name, "triton"),
+                       max_position_embeddings=max(1024, context + 64), **overrides)
     if name == "llama":
         llama = matched_llama_config(config)
         llama._attn_implementation = "sdpa"
@@ -183,11 +197,53 @@ def build(name: str, context: int):
     return ASMForCausalLM(config).to(CUDA, torch.bfloat16)
 
 
+def loss_curves(args, rows: list[dict]) -> None:
+    """A small ASM trained ``args.loss_steps`` steps in bf16 from the same seed on the same
+    batches (a fixed random Markov chain over 512 tokens, so there is something to learn) with
+    the chunk and with the recurrent kernels."""
+    gen = torch.Generator(device=CUDA).manual_seed(0)
+    table = torch.randint(0, 512, (512, 4), generator=gen, device=CUDA)
+    b, t = (4, 256) if args.quick else (8, 1024)
+
+    def batch(step: int) -> torch.Tensor:
+        g = torch.Generator(device=CUDA).manual_seed(1000 + step)
+        ids = [torch.randint(0, 512, (b,), generator=g, device=CUDA)]
+        choice = torch.randint(0, 4, (b, t), generator=g, device=CUDA)
+        for i in range(1, t):
+            ids.append(table[ids[-1], choice[:, i]])
+        return torch.stack(ids, dim=1)
+
+    batches = [batch(step) for step in range(args.loss_steps)]
+    curves = {}
+    for name in ("asm_chunk", "asm_recurrent"):
+        model = build(name, t, vocab_size=512, num_hidden_layers=4, hidden_size=256)
+        model.train()
+        optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        curve = []
+        start = time.perf_counter()
+        for ids in batches:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=True)
+            curve.append(loss.item())
+        curves[name] = curve
+        print(f"# {name}: loss {curve[0]:.3f} -> {curve[-1]:.3f} in {len(curve)} steps, "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+        del model, optimiser
+    gaps = [abs(a - c) for a, c in zip(curves["asm_chunk"], curves["asm_recurrent"], strict=True)]
+    tail = curves["asm_recurrent"][-20:]
+    print(f"# largest |chunk - recurrent| loss gap {max(gaps):.4f} (step {gaps.index(max(gaps))}); "
+          f"last 20 steps: mean gap {statistics.mean(gaps[-20:]):.4f}, the recurrent curve's own "
+          f"step-to-step spread {statistics.pstdev(tail):.4f}", flush=True)
+    rows.append({"section": "loss", "B": b, "T": t, **curves})
+
+
 def decode_table(args, rows: list[dict]) -> None:
     print(f"# decode, batch 1, bf16: ms per token (median of {args.decode_steps}) after a context")
     print(f"{'context':>7} {'asm triton':>11} {'asm torch':>10} {'llama':>8} {'triton/llama':>12}")
     models = {name: build(name, max(args.contexts)).eval()
-              for name in ("asm_triton", "asm_torch", "llama")}
+              for name in ("asm_recurrent", "asm_torch", "llama")}
     for context in args.contexts:
         row = {"section": "decode", "context": context}
         ids = torch.randint(0, 50257, (1, context), device=CUDA)
@@ -206,8 +262,8 @@ def decode_table(args, rows: list[dict]) -> None:
                 row[name] = 1000 * statistics.median(times)
                 del cache
         rows.append(row)
-        print(f"{context:>7} {row['asm_triton']:>11.2f} {row['asm_torch']:>10.2f} "
-              f"{row['llama']:>8.2f} {row['asm_triton'] / row['llama']:>11.2f}x", flush=True)
+        print(f"{context:>7} {row['asm_recurrent']:>11.2f} {row['asm_torch']:>10.2f} "
+              f"{row['llama']:>8.2f} {row['asm_recurrent'] / row['llama']:>11.2f}x", flush=True)
 
 
 def main() -> None:
@@ -216,7 +272,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small grid, to check the script")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sections", default="layer,model,decode",
-                        help="comma-separated, of layer, model, decode, fla")
+                        help="comma-separated, of layer, model, decode, loss, fla")
+    parser.add_argument("--loss-steps", type=int, default=300)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_asm.py needs a CUDA device")
@@ -236,6 +293,8 @@ def main() -> None:
             model_table(args, rows)
         if "decode" in sections:
             decode_table(args, rows)
+        if "loss" in sections:
+            loss_curves(args, rows)
         if "fla" in sections:
             fla_table(args, ASMConfig(), rows)
     finally:

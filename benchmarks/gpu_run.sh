@@ -36,7 +36,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log
 }
 step 170 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 120 \
     --junitxml="$OUT/gpu_tests.xml"
-step 150 gpu_asm python3 benchmarks/gpu_asm.py --sections "${ASM_SECTIONS:-layer,model,decode}" \
+step 240 gpu_asm python3 benchmarks/gpu_asm.py --sections "${ASM_SECTIONS:-layer,model,loss,decode}" \
     --json "$OUT/gpu_asm.jsonl"
 [ "${SKIP_MI:-0}" = 1 ] || step 150 gpu_mi python3 benchmarks/mi_serving_shapes.py --device cuda --json "$OUT/gpu_mi.jsonl"
 [ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda

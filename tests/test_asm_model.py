@@ -326,6 +326,7 @@ def test_save_pretrained_round_trip(tmp_path):
                                  "AutoModelForCausalLM": "modeling_asm.ASMForCausalLM"}
     assert {"configuration_asm.py", "modeling_asm.py", "asm_ops.py", "asm_common.py",
             "asm_chunk.py", "asm_chunk_autograd.py", "asm_recurrent.py", "asm_fused_recurrent.py",
+            "asm_triton_chunk.py",
             "model.safetensors"} <= {p.name for p in tmp_path.iterdir()}
     assert not (tmp_path / "asm_naive.py").exists()  # the references stay out of the Hub folder
     loaded = ASMForCausalLM.from_pretrained(tmp_path).eval()

@@ -1,9 +1,14 @@
-"""ASA Triton scan kernels against the float64 references (TRITON_INTERPRET=1 on CPU)."""
+"""ASA Triton scan kernels, both forms (fused recurrent, chunk-parallel), against the float64
+references (TRITON_INTERPRET=1 on CPU)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
@@ -22,11 +27,36 @@ from modeling.asm.asm_fused_recurrent import (  # noqa: E402
     slot_scores_fused_recurrent,
 )
 from modeling.asm.asm_naive import causal_linear_attention_naive, slot_read_naive, slot_scores_naive  # noqa: E402
+from modeling.asm.asm_ops import resolve_backend  # noqa: E402
+from modeling.asm.asm_triton_chunk import (  # noqa: E402
+    asa_attend_triton_chunk,
+    causal_linear_attention_triton_chunk,
+    slot_read_triton_chunk,
+    slot_scores_triton_chunk,
+)
 from tests.test_asm_kernels import run as run_kernels  # noqa: E402
 from tests.test_asm_kernels import steep_inputs  # noqa: E402
+from tests.test_properties_asm import TOL32, assert_close  # noqa: E402
+from tests.test_properties_asm import build as property_inputs  # noqa: E402
+from tests.test_properties_asm import outputs_and_grads as property_outputs  # noqa: E402
+from tests.test_properties_asm import scan_cases as property_cases  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-SHAPES = [(1, 1, 1, 1, 1), (2, 7, 2, 3, 5), (1, 12, 1, 16, 8), (2, 5, 3, 6, 3)]
+SHAPES = [(1, 1, 1, 1, 1), (2, 7, 2, 3, 5), (1, 12, 1, 16, 8), (2, 5, 3, 6, 3), (2, 37, 2, 3, 5)]
+
+
+def _chunked(fn):
+    """The chunk form at its smallest chunk (16), so the tests' lengths span several chunks."""
+    return lambda *args, **kwargs: fn(*args, **kwargs, chunk=16)
+
+
+FORMS = {  # form -> (read, scores, linear attention, scan + read)
+    "recurrent": (slot_read_fused_recurrent, slot_scores_fused_recurrent,
+                  causal_linear_attention_fused_recurrent, asa_attend_fused_recurrent),
+    "chunk": tuple(_chunked(f) for f in (slot_read_triton_chunk, slot_scores_triton_chunk,
+                                         causal_linear_attention_triton_chunk,
+                                         asa_attend_triton_chunk)),
+}
 
 
 def shape_id(shape: tuple[int, ...]) -> str:
@@ -52,14 +82,15 @@ def outputs_and_grads(fn, inputs: list[torch.Tensor], dtype: torch.dtype):
     return out.detach().double(), [g.double() for g in grads]
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("op", ["read", "scores"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-def test_kernels_match_reference_outputs_and_every_gradient(shape, op):
+def test_kernels_match_reference_outputs_and_every_gradient(shape, op, form):
     b, t, h, k, d = shape
     logits, v = scan_inputs(*shape)
     first = torch.randn(b, h, t, k) if op == "read" else torch.randn(b, h, t, d)
-    kernel, ref = ((slot_read_fused_recurrent, slot_read_naive) if op == "read"
-                   else (slot_scores_fused_recurrent, slot_scores_naive))
+    read, scores = FORMS[form][:2]
+    kernel, ref = (read, slot_read_naive) if op == "read" else (scores, slot_scores_naive)
     out, grads = outputs_and_grads(kernel, [first, logits, v], torch.float32)
     ref_out, ref_grads = outputs_and_grads(ref, [first, logits, v], torch.float64)
     torch.testing.assert_close(out, ref_out, **TOL)
@@ -68,9 +99,10 @@ def test_kernels_match_reference_outputs_and_every_gradient(shape, op):
         torch.testing.assert_close(a, e, **TOL)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("gated", [False, True], ids=["split", "gated"])
-def test_asa_attend_triton_matches_reference(gated):
-    b, t, h, k, d = 2, 6, 2, 4, 3
+def test_asa_attend_triton_matches_reference(gated, form):
+    b, t, h, k, d = 2, 20, 2, 4, 3
     logits, v = scan_inputs(b, t, h, k, d)
     inputs = [logits, v, torch.randn(b, h, t, d) / 2, torch.randn(b, h, t, k), torch.rand(h) * 3,
               torch.randn(k, k), torch.tensor(0.7)]
@@ -88,52 +120,50 @@ def test_asa_attend_triton_matches_reference(gated):
         return [x.detach().double() for x in outs] + [
             g.double() for g in torch.autograd.grad(loss, used)]
 
-    for a, e in zip(run(asa_attend_fused_recurrent, torch.float32), run(asa_attend_naive,
-                                                                        torch.float64),
+    for a, e in zip(run(FORMS[form][3], torch.float32), run(asa_attend_naive, torch.float64),
                     strict=True):
         torch.testing.assert_close(a, e, **TOL)
 
 
-def test_state_continuation_and_final_state_match_chunked():
-    b, t, h, k, d = 1, 7, 2, 3, 4
+@pytest.mark.parametrize("form", FORMS)
+def test_state_continuation_and_final_state_match_chunked(form):
+    b, t, h, k, d = 1, 37, 2, 3, 4
     logits, v = scan_inputs(b, t, h, k, d)
     a = torch.randn(b, h, t, k)
-    full, final = slot_read_fused_recurrent(a, logits, v)
-    head, state = slot_read_fused_recurrent(a[:, :, :4], logits[:, :, :4], v[:, :, :4])
+    read = FORMS[form][0]
+    full, final = read(a, logits, v)
+    head, state = read(a[:, :, :20], logits[:, :, :20], v[:, :, :20])
     pieces = [head]
-    for i in range(4, t):
-        step, state = slot_read_fused_recurrent(a[:, :, i:i + 1], logits[:, :, i:i + 1], v[:, :,
-                                                                                           i:i + 1],
-                                       state)
-        pieces.append(step)
+    for i in range(20, t, 5):  # pieces of 5, then the last 2
+        piece, state = read(a[:, :, i:i + 5], logits[:, :, i:i + 5], v[:, :, i:i + 5], state)
+        pieces.append(piece)
     torch.testing.assert_close(torch.cat(pieces, dim=2), full, **TOL)
     zeros = dict(q=torch.zeros(b, h, t, d), key_logits=torch.zeros(b, h, t, k), gamma=0.0)
     chunked_state = asa_attend_chunk_autograd(logits, v, **zeros, chunk_size=3)[3]
     for x, y in ((final.m, chunked_state.m), (final.den, chunked_state.den),
-                 (final.num, chunked_state.num)):
+                 (final.num, chunked_state.num), (state.m, final.m), (state.den, final.den),
+                 (state.num, final.num)):
         torch.testing.assert_close(x, y, **TOL)
 
 
-@pytest.mark.parametrize("b, t, h, m", [(1, 1, 1, 2), (2, 7, 2, 5), (1, 5, 1, 32)],
-                         ids=lambda x: str(x))
-def test_linear_attention_kernels_match_reference(b, t, h, m):
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("b, t, h, m", [(1, 1, 1, 2), (2, 7, 2, 5), (1, 5, 1, 32),
+                                        (2, 37, 1, 5)], ids=lambda x: str(x))
+def test_linear_attention_kernels_match_reference(b, t, h, m, form):
+    linear = FORMS[form][2]
     phi_q, phi_k, v = torch.rand(b, h, t, m) + 0.1, torch.rand(b, h, t, m) + 0.1, torch.randn(
         b, h, t, m)
     if t > 2:
         phi_k[0, :, :2] = 0.0  # left padding: nothing written, the first reads are zero
-    out, grads = outputs_and_grads(causal_linear_attention_fused_recurrent, [phi_q, phi_k, v],
-                                   torch.float32)
+    out, grads = outputs_and_grads(linear, [phi_q, phi_k, v], torch.float32)
     ref_out, ref_grads = outputs_and_grads(causal_linear_attention_naive, [phi_q, phi_k, v],
                                            torch.float64)
     torch.testing.assert_close(out, ref_out, **TOL)
     for a, e in zip(grads, ref_grads, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, e, **TOL)
-    _, state = causal_linear_attention_fused_recurrent(phi_q[:, :, : t // 2], phi_k[:, :, : t // 2],
-                                              v[:, :, : t // 2])
-    rest, (s, z) = causal_linear_attention_fused_recurrent(phi_q[:, :, t // 2:], phi_k[:, :,
-                                                                                       t // 2:],
-                                                  v[:, :, t // 2:], state)
+    _, state = linear(phi_q[:, :, : t // 2], phi_k[:, :, : t // 2], v[:, :, : t // 2])
+    rest, (s, z) = linear(phi_q[:, :, t // 2:], phi_k[:, :, t // 2:], v[:, :, t // 2:], state)
     torch.testing.assert_close(rest.double(), ref_out[:, :, t // 2:], **TOL)
     torch.testing.assert_close(s, phi_k.transpose(-1, -2) @ v, **TOL)
     torch.testing.assert_close(z, phi_k.sum(2), **TOL)
@@ -147,12 +177,13 @@ def tiny_model(**overrides) -> ASMForCausalLM:
     return ASMForCausalLM(config).eval()
 
 
-def test_model_forward_and_decode_on_triton_match_torch():
+@pytest.mark.parametrize("backend", ["triton", "triton_chunk"])
+def test_model_forward_and_decode_on_triton_match_torch(backend):
     ids = torch.randint(1, 31, (2, 6))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
     expected = tiny_model()(ids, attention_mask=mask).logits
-    model = tiny_model(scan_backend="triton")
+    model = tiny_model(scan_backend=backend)
     torch.testing.assert_close(model(ids, attention_mask=mask).logits, expected, **TOL)
     out = model(ids[:, :4], attention_mask=mask[:, :4], use_cache=True)
     steps = [out.logits]
@@ -167,15 +198,23 @@ def test_dispatcher(monkeypatch):
     args = (logits, v, torch.randn(1, 1, 4, 3), torch.randn(1, 1, 4, 2), 0.5)
     assert torch.equal(asa_attend(*args, backend="auto")[0], asa_attend_chunk_autograd(*args)[0])
     assert torch.equal(asa_attend(*args, backend="triton")[0], asa_attend_fused_recurrent(*args)[0])
+    assert torch.equal(asa_attend(*args, backend="triton_chunk")[0],
+                       asa_attend_triton_chunk(*args)[0])
     with pytest.raises(ValueError, match="backend"):
         asa_attend(*args, backend="cuda")
+    cuda = SimpleNamespace(is_cuda=True)  # what "auto" asks of the tensors
+    assert [resolve_backend("auto", cuda, t) for t in (1, 31, 32, 4096)] == [
+        "triton", "triton", "triton_chunk", "triton_chunk"]
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="triton"):
-        asa_attend(*args, backend="triton")
+    for backend in ("triton", "triton_chunk"):
+        with pytest.raises(RuntimeError, match="triton"):
+            asa_attend(*args, backend=backend)
 
 
-@pytest.mark.parametrize("case, op, t", [("rise2", "scores", 130), ("recency4", "read", 70)])
-def test_kernels_on_steep_logits_match_reference(case, op, t):
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("case, op, t", [("rise2", "scores", 130), ("recency4", "read", 70),
+                                         ("rise50", "read", 40)])
+def test_kernels_on_steep_logits_match_reference(case, op, t, form):
     """Issue 15, Triton side: write logits rising by 2 per token (to ~260) / the recency bias at
     strength 4; the recurrent kernels (running max rescaled at every token) give finite outputs
     and gradients equal to the float64 reference. (A backward that subtracted an absolute
@@ -184,8 +223,8 @@ def test_kernels_on_steep_logits_match_reference(case, op, t):
     logits, v = x["logits"], x["v"]
     b, h, t, k = logits.shape
     first = torch.randn(b, h, t, k) if op == "read" else torch.randn(b, h, t, v.shape[-1])
-    kernel, ref = ((slot_read_fused_recurrent, slot_read_naive) if op == "read"
-                   else (slot_scores_fused_recurrent, slot_scores_naive))
+    read, scores = FORMS[form][:2]
+    kernel, ref = (read, slot_read_naive) if op == "read" else (scores, slot_scores_naive)
     out, grads = outputs_and_grads(kernel, [first, logits, v], torch.float32)
     ref_out, ref_grads = outputs_and_grads(ref, [first, logits, v], torch.float64)
     assert torch.isfinite(out).all()
@@ -195,14 +234,15 @@ def test_kernels_on_steep_logits_match_reference(case, op, t):
         torch.testing.assert_close(a, e, **TOL)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case, gated", [("rise2", False), ("recency4", True)],
                          ids=["rise2-split", "recency4-gated"])
-def test_asa_attend_triton_equals_chunked_on_steep_logits(case, gated):
+def test_asa_attend_triton_equals_chunked_on_steep_logits(case, gated, form):
     """The Triton scan + read equals the PyTorch chunked path at chunk 64 on steep logits:
     outputs, read weights and the gradients of every input (rtol = atol = 1e-5)."""
     x = steep_inputs(case, b=1, t=70, left=4)  # chunk 0's running max rises by ~120
     weight = torch.randn(3, 3)
-    out, grad = run_kernels(asa_attend_fused_recurrent, x, weight, torch.float32, gated)
+    out, grad = run_kernels(FORMS[form][3], x, weight, torch.float32, gated)
     chunked_out, chunked_grad = run_kernels(asa_attend_chunk_autograd, x, weight, torch.float32,
                                             gated,
                                             chunk_size=64)
@@ -211,7 +251,8 @@ def test_asa_attend_triton_equals_chunked_on_steep_logits(case, gated):
         torch.testing.assert_close(a, e, **TOL)
 
 
-def test_model_with_recency_strength_4_on_triton_equals_torch():
+@pytest.mark.parametrize("backend", ["triton", "triton_chunk"])
+def test_model_with_recency_strength_4_on_triton_equals_torch(backend):
     """A model whose layers have recency strength 4 (2 per token in the first of 8 heads):
     the Triton prefill equals the PyTorch prefill at chunk 64, both finite."""
     ids = torch.randint(1, 31, (1, 70))
@@ -221,6 +262,21 @@ def test_model_with_recency_strength_4_on_triton_equals_torch():
     torch.manual_seed(0)
     expected = ASMForCausalLM(ASMConfig(**config)).eval()(ids).logits
     torch.manual_seed(0)
-    model = ASMForCausalLM(ASMConfig(scan_backend="triton", **config)).eval()
+    model = ASMForCausalLM(ASMConfig(scan_backend=backend, **config)).eval()
     assert torch.isfinite(expected).all()
     torch.testing.assert_close(model(ids).logits, expected, **TOL)
+
+
+@settings(max_examples=12, deadline=None, derandomize=False, print_blob=True)
+@given(case=property_cases(max_t=40), chunk=st.sampled_from([16, 32]))
+def test_chunk_kernels_match_float64_reference_property(case, chunk):
+    """For any logit range (flat to +-30 per token per slot), offset and padding (the cases of
+    ``tests/test_properties_asm.py``), the chunk-parallel Triton scan + read over several chunks
+    gives finite outputs and input gradients equal to the float64 reference (float32
+    tolerance, atol relative to magnitudes above 1)."""
+    inputs = property_inputs(case)
+    expected = property_outputs(asa_attend_naive, inputs, torch.float64)
+    got = property_outputs(asa_attend_triton_chunk, inputs, torch.float32, chunk=chunk)
+    for a, e in zip(got, expected, strict=True):
+        assert torch.isfinite(a).all()
+        assert_close(a, e, TOL32)

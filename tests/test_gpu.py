@@ -37,6 +37,12 @@ from modeling.asm.asm_fused_recurrent import (  # noqa: E402
     slot_scores_fused_recurrent,
 )
 from modeling.asm.asm_naive import causal_linear_attention_naive  # noqa: E402
+from modeling.asm.asm_triton_chunk import (  # noqa: E402
+    asa_attend_triton_chunk,
+    causal_linear_attention_triton_chunk,
+    slot_read_triton_chunk,
+    slot_scores_triton_chunk,
+)
 from tests.test_memory_inception import (  # noqa: E402
     ConcatReference,
     manual_greedy,
@@ -49,6 +55,12 @@ pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 LENGTHS = [1, 7, 1024, 4096, 16384]
 HEADS, SLOTS, WIDTH = 8, 16, 48  # one ASM-57M layer
+FORMS = {  # Triton form -> (read, scores, linear attention, scan + read)
+    "recurrent": (slot_read_fused_recurrent, slot_scores_fused_recurrent,
+                  causal_linear_attention_fused_recurrent, asa_attend_fused_recurrent),
+    "chunk": (slot_read_triton_chunk, slot_scores_triton_chunk,
+              causal_linear_attention_triton_chunk, asa_attend_triton_chunk),
+}
 
 
 def bound(t: int) -> float:
@@ -94,12 +106,13 @@ def scan_case(op: str, t: int, dtype: torch.dtype):
     return inputs, proj
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("t", LENGTHS)
 @pytest.mark.parametrize("op", ["read", "scores"])
-def test_compiled_scan_kernels_match_float64(op, t, dtype):
+def test_compiled_scan_kernels_match_float64(op, t, dtype, form):
     inputs, proj = scan_case(op, t, dtype)
-    kernel = slot_read_fused_recurrent if op == "read" else slot_scores_fused_recurrent
+    kernel = FORMS[form][0] if op == "read" else FORMS[form][1]
     leaves = [x.detach().requires_grad_() for x in inputs]
     out = kernel(*leaves)
     out = out[0] if isinstance(out, tuple) else out
@@ -124,8 +137,9 @@ def test_compiled_scan_kernels_match_float64(op, t, dtype):
         assert relative(g, e, scale) <= bound(t) + rounding, name
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("t", [1, 7, 1024, 4096])
-def test_compiled_linear_attention_matches_float64(t):
+def test_compiled_linear_attention_matches_float64(t, form):
     gen = torch.Generator(device=CUDA).manual_seed(t)
     shape = (2, HEADS, t, 32)  # the ASM-57M slot space
     phi_q = torch.rand(shape, generator=gen, device=CUDA) + 0.1
@@ -134,7 +148,7 @@ def test_compiled_linear_attention_matches_float64(t):
     if t > 2:
         phi_k[0, :, : t // 8 + 1] = 0.0  # left padding writes nothing
     leaves = [x.requires_grad_() for x in (phi_q, phi_k, v)]
-    out, _ = causal_linear_attention_fused_recurrent(*leaves)
+    out, _ = FORMS[form][2](*leaves)
     proj = torch.randn(shape, generator=gen, device=CUDA, dtype=torch.float64)
     grads = torch.autograd.grad((out.double() * proj).sum(), leaves)
     exact = [x.detach().double().requires_grad_() for x in leaves]
@@ -147,8 +161,9 @@ def test_compiled_linear_attention_matches_float64(t):
         assert relative(g, e, scale) <= bound(t)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("t", [7, 4096])
-def test_compiled_asa_attend_on_steep_logits_matches_float64(t):
+def test_compiled_asa_attend_on_steep_logits_matches_float64(t, form):
     """Scan + content read with a recency ramp (+0.05 per token, to ~200 at T = 4096): the
     compiled kernels against the float64 chunked path, outputs and every gradient."""
     gen = torch.Generator(device=CUDA).manual_seed(3)
@@ -169,8 +184,7 @@ def test_compiled_asa_attend_on_steep_logits_matches_float64(t):
         grads = torch.autograd.grad(loss, leaves)
         return [o.detach(), r.detach()] + list(grads)
 
-    got, ref = run(asa_attend_fused_recurrent, torch.float32), run(asa_attend_chunk_autograd,
-                                                                   torch.float64)
+    got, ref = run(FORMS[form][3], torch.float32), run(asa_attend_chunk_autograd, torch.float64)
     finite = torch.isfinite(logits)
     for i, (a, e) in enumerate(zip(got, ref, strict=True)):
         if i == 2:
@@ -188,8 +202,8 @@ def asm(dtype: torch.dtype, backend: str, layers: int = 2) -> ASMForCausalLM:
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_decode_on_cuda_equals_the_full_pass(backend):
-    """``auto`` (Triton on CUDA) decodes through the chunked path, ``torch`` through the gated
-    one-token step; both equal the float64 full pass."""
+    """``auto`` (on CUDA: the Triton chunk kernels for the prefill, the recurrent ones for each
+    token) and ``torch`` (the gated one-token step) both equal the float64 full pass."""
     ids = torch.randint(1, 512, (2, 300), device=CUDA)
     mask = torch.ones_like(ids)
     mask[0, :37] = 0
@@ -209,21 +223,23 @@ def test_decode_on_cuda_equals_the_full_pass(backend):
     assert relative(torch.cat(steps, dim=1), ref) <= bound(300)
 
 
-def test_bf16_asm_triton_is_as_accurate_as_the_pytorch_path():
+@pytest.mark.parametrize("backend", ["triton", "triton_chunk"])
+def test_bf16_asm_triton_is_as_accurate_as_the_pytorch_path(backend):
     ids = torch.randint(1, 512, (2, 1024), device=CUDA)
     mask = torch.ones_like(ids)
     mask[1, :100] = 0
     with torch.no_grad():
         ref = asm(torch.float64, "torch")(ids, attention_mask=mask).logits
-        triton = asm(torch.bfloat16, "triton")(ids, attention_mask=mask).logits
+        triton = asm(torch.bfloat16, backend)(ids, attention_mask=mask).logits
         chunked = asm(torch.bfloat16, "torch")(ids, attention_mask=mask).logits
     err_triton, err_torch = relative(triton, ref), relative(chunked, ref)
     assert err_triton <= 2e-2
     assert err_triton <= 1.5 * err_torch + 1e-4
 
 
-def test_bf16_asm_trains_on_triton():
-    model = asm(torch.bfloat16, "triton").train()
+@pytest.mark.parametrize("backend", ["triton", "triton_chunk"])
+def test_bf16_asm_trains_on_triton(backend):
+    model = asm(torch.bfloat16, backend).train()
     ids = torch.randint(1, 512, (2, 512), device=CUDA)
     loss = model(ids, labels=ids).loss
     loss.backward()

@@ -4,9 +4,13 @@ The model resolves ``config.scan_backend`` once per forward pass (:func:`resolve
 hands the resolved form to every layer.
 
 ``backend`` (``config.scan_backend``): ``"torch"`` (the chunk form with hand-written backwards,
-:mod:`.asm_chunk`), ``"triton"`` (the fused recurrent Triton kernels, :mod:`.asm_fused_recurrent`:
-CUDA, or CPU under ``TRITON_INTERPRET=1``) or ``"auto"`` (Triton on CUDA when installed, else
-PyTorch; the interpreter is for testing kernels, so ``auto`` never picks it).
+:mod:`.asm_chunk`), ``"triton"`` (the fused recurrent Triton kernels,
+:mod:`.asm_fused_recurrent`), ``"triton_chunk"`` (the chunk-parallel Triton kernels,
+:mod:`.asm_triton_chunk`) — the Triton forms on CUDA, or on the CPU under
+``TRITON_INTERPRET=1`` — or ``"auto"``: on CUDA with Triton installed, the chunk kernels for
+passes of at least :data:`CHUNK_FROM` positions (training, prefill) and the recurrent ones below
+(decoding); else PyTorch. (The interpreter is for testing kernels, so ``auto`` never picks it.
+The threshold is a guess until measured on a GPU: ``benchmarks/gpu_asm.py``.)
 """
 
 from __future__ import annotations
@@ -22,22 +26,29 @@ from .asm_fused_recurrent import (
     causal_linear_attention_fused_recurrent,
     triton,
 )
+from .asm_triton_chunk import asa_attend_triton_chunk, causal_linear_attention_triton_chunk
 
-__all__ = ["asa_attend", "causal_linear_attention", "resolve_backend"]
+__all__ = ["CHUNK_FROM", "asa_attend", "causal_linear_attention", "resolve_backend"]
+
+CHUNK_FROM = 32  # positions per pass from which "auto" takes the chunk kernels on CUDA
+BACKENDS = ("auto", "torch", "triton", "triton_chunk")
 
 
-def resolve_backend(backend: str, like: torch.Tensor) -> str:
-    """The form a ``scan_backend`` value (``"auto"``, ``"torch"``, ``"triton"``) runs on tensors
-    like ``like``: ``"torch"`` or ``"triton"`` (a resolved value resolves to itself)."""
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend == "triton":
+def resolve_backend(backend: str, like: torch.Tensor, length: int) -> str:
+    """The form a ``scan_backend`` value runs on tensors like ``like`` for a pass of ``length``
+    positions: ``"torch"``, ``"triton"`` or ``"triton_chunk"`` (a resolved value resolves to
+    itself)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend.startswith("triton"):
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         if triton is None or not (like.is_cuda or interpreted):
-            raise RuntimeError("backend 'triton' needs the triton package and a CUDA tensor "
+            raise RuntimeError(f"backend {backend!r} needs the triton package and a CUDA tensor "
                                "(or TRITON_INTERPRET=1 set before the kernels are imported)")
-        return "triton"
-    return "triton" if backend == "auto" and triton is not None and like.is_cuda else "torch"
+        return backend
+    if backend == "auto" and triton is not None and like.is_cuda:
+        return "triton_chunk" if length >= CHUNK_FROM else "triton"
+    return "torch"
 
 
 def asa_attend(
@@ -56,9 +67,13 @@ def asa_attend(
     """The scan + read (arguments and results as in
     :func:`~.asm_chunk_autograd.asa_attend_chunk_autograd`) by the form ``backend`` picks (see
     the module docstring)."""
-    if resolve_backend(backend, v) == "triton":
+    form = resolve_backend(backend, v, v.shape[2])
+    if form == "triton":
         return asa_attend_fused_recurrent(logits, v, q, key_logits, gamma, read_temperature,
                                           refine, state, gate)
+    if form == "triton_chunk":
+        return asa_attend_triton_chunk(logits, v, q, key_logits, gamma, read_temperature,
+                                       refine, state, gate)
     return asa_attend_chunk(logits, v, q, key_logits, gamma, read_temperature, refine,
                             chunk_size, state, gate)
 
@@ -72,6 +87,9 @@ def causal_linear_attention(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Dispatcher for the causal linear attention (``backend`` as in :func:`asa_attend`)."""
-    if resolve_backend(backend, v) == "triton":
+    form = resolve_backend(backend, v, v.shape[2])
+    if form == "triton":
         return causal_linear_attention_fused_recurrent(phi_q, phi_k, v, state)
+    if form == "triton_chunk":
+        return causal_linear_attention_triton_chunk(phi_q, phi_k, v, state)
     return causal_linear_attention_chunk(phi_q, phi_k, v, chunk_size, state)

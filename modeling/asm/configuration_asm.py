@@ -9,7 +9,7 @@ from transformers import PretrainedConfig
 __all__ = ["ASMConfig"]
 
 WRITE_KEY_POSITIONS = ("none", "rotary")
-SCAN_BACKENDS = ("auto", "torch", "triton")
+SCAN_BACKENDS = ("auto", "torch", "triton", "triton_chunk")
 CONTENT_GAINS = ("sigmoid", "softplus_clamp")
 
 
@@ -88,8 +88,10 @@ class ASMConfig(PretrainedConfig):
         chunk_size: positions per chunk of the chunk-parallel scan (any value gives the same
             result up to rounding; 32, the fastest CPU training step of 16 / 32 / 64 measured,
             see BENCHMARKS.md).
-        scan_backend: ``"auto"`` (Triton on CUDA, else the chunk-parallel PyTorch form),
-            ``"torch"`` or ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``).
+        scan_backend: ``"auto"`` (on CUDA the chunk-parallel Triton kernels for passes of 32
+            positions or more and the recurrent ones below; else the chunk-parallel PyTorch
+            form), ``"torch"``, ``"triton"`` (the recurrent kernels) or ``"triton_chunk"``
+            (CUDA, or CPU under ``TRITON_INTERPRET=1``); ``asm_ops.py`` is the one dispatcher.
         layer_norm_eps: LayerNorm epsilon.
         initializer_range: std of the normal initialisation of linear and embedding weights.
         max_position_embeddings: training context (informational: there is no position table).

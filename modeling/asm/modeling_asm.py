@@ -574,7 +574,7 @@ class ASAAttention(nn.Module):
         c = self.config
         b, t, _ = hidden.shape
         if backend is None:
-            backend = resolve_backend(c.scan_backend, positions)
+            backend = resolve_backend(c.scan_backend, positions, positions.shape[1])
         if (step is not None and step.backend == "torch" and layer_cache is not None
                 and not output_stats and self._plain):
             return self._step(hidden, layer_cache, step), None
@@ -874,7 +874,7 @@ class ASMModel(ASMPreTrainedModel):
         rotary = None
         if self.config.write_key_position == "rotary":
             rotary = _rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
-        backend = resolve_backend(self.config.scan_backend, positions)  # once for every layer
+        backend = resolve_backend(self.config.scan_backend, positions, t)  # once for every layer
         step = None
         if t == 1 and cache is not None:
             step = _StepConstants.build(self.config, positions, valid, rotary, hidden.dtype,
