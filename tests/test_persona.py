@@ -20,6 +20,7 @@ from hf_memory.recipes.persona import (
 )
 from hf_memory.selection.behavioural_calibration import split_pairs
 from hf_memory.selection.behavioural_search import ShiftObjective
+from hf_memory.selection.budget_search import PROMPT_LIKE_GAINS
 from tests.test_memory_inception import random_bank
 from tests.tiny_models import tiny_model
 
@@ -85,7 +86,7 @@ def test_the_default_call_is_budgeted_with_a_recipe_control_and_none_opts_out(ch
     assert config["objective"] == "behavioural_budgeted" and config["cost_budget"] == 0.1
     assert config["control"][0]["name"] == "neutral-persona"
     # concatenated attention: the dial runs at rho 0 (the prompt's own attention), then rho up
-    assert config["dial"][0][1] == 0.0 and config["dial"][-1] == [1.0, 6.0]
+    assert config["dial"][0][1] == 0.0 and config["dial"][-1] == [1.0, PROMPT_LIKE_GAINS[-1]]
     assert config["num_pairs"] == 9 and config["search_pairs"] == 6
     assert config["validation"]["pairs"] == 3
     assert all(h["cost"] <= 0.1 for h in config["history"] if h["strength"] > 0)
