@@ -59,7 +59,7 @@ def _train(args: argparse.Namespace) -> None:
     try:
         log = train_air(AIRSolver(config), train, test, train_config, out=args.out,
                         card=render_air_card)
-    except FloatingPointError as error:
+    except (FloatingPointError, ValueError) as error:  # a NaN loss, a batch processes cannot share
         raise CLIError(str(error)) from error
     final = log["final"]["eval"]
     print(f"# {args.steps} steps in {log['final']['wall_time_s']:.0f}s on {len(train)} train / "

@@ -2,7 +2,7 @@
 model on a learnable token stream, the configs of ``tests/test_asm_training.py``, its log written
 to ``OUT/log.json`` by the loop itself. ``--interrupt-at-eval N`` stops every process at the N-th
 validation (after the checkpoint before it), as a killed run would; ``--air`` trains a tiny AIR
-solver instead."""
+solver instead (:func:`run_air`)."""
 
 from __future__ import annotations
 
@@ -46,22 +46,31 @@ def run(out, interrupt_at_eval: int | None = None, **overrides) -> dict:
                              training.LMTrainConfig(**{**TRAIN, **overrides}), out=out)
 
 
+def run_air(out, **overrides) -> dict:
+    """A tiny AIR solver, 4 steps, every row's ACT carry kept across steps; no exploration (its
+    random draws are each process's own), so two processes can equal one."""
+    from modeling.air import AIRConfig, AIRSolver, sudoku_dataset
+    from modeling.air.training_air import AIRTrainConfig, train_air
+
+    torch.manual_seed(0)
+    solver = AIRSolver(AIRConfig(vocab_size=6, seq_len=16, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, halt_max_steps=3,
+                                 halt_exploration_prob=0.0))
+    settings = {**dict(steps=4, batch_size=8, eval_every=1, progress=False, cpu=True),
+                **overrides}
+    return train_air(solver, sudoku_dataset(4, 32, "train", seed=3), None,
+                     AIRTrainConfig(**settings), out=out)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--interrupt-at-eval", type=int)
-    parser.add_argument("--batch-size", type=int, default=TRAIN["batch_size"])
+    parser.add_argument("--batch-size", type=int)
     parser.add_argument("--air", action="store_true", help="train a tiny AIR solver instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.air:
-        from modeling.air import AIRConfig, AIRSolver, sudoku_dataset
-        from modeling.air.training_air import AIRTrainConfig, train_air
-
-        solver = AIRSolver(AIRConfig(vocab_size=6, seq_len=16, hidden_size=32,
-                                     num_hidden_layers=1, num_attention_heads=2,
-                                     halt_max_steps=3))
-        train_air(solver, sudoku_dataset(4, 32, "train", seed=3), None,
-                  AIRTrainConfig(steps=2, batch_size=8, progress=False, cpu=True), out=args.out)
+        run_air(args.out, **({} if args.batch_size is None else {"batch_size": args.batch_size}))
     else:
-        run(args.out, args.interrupt_at_eval, batch_size=args.batch_size)
+        run(args.out, args.interrupt_at_eval, batch_size=args.batch_size or TRAIN["batch_size"])

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.launched_training import run
+from tests.launched_training import run, run_air
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "launched_training.py"
@@ -113,7 +113,25 @@ def test_a_batch_the_processes_cannot_share_names_the_problem(tmp_path):
 
 
 @pytest.mark.slow
-def test_air_training_refuses_several_processes_by_name(tmp_path):
-    done = launch(str(tmp_path), "--air")
+def test_air_two_processes_equal_one_on_the_same_global_batch(tmp_path):
+    """Each process carries the ACT state of its half of the rows: per-step losses (and their
+    parts) and the final weights equal one process's on the whole batch."""
+    single = run_air(tmp_path / "one")
+    launched(str(tmp_path / "two"), "--air")
+    log = json.loads((tmp_path / "two" / "log.json").read_text())
+    assert [e["step"] for e in log["history"]] == [1, 2, 3, 4]
+    for name in ("loss", "lm_loss", "q_halt_loss", "train_exact_accuracy", "halted_fraction"):
+        torch.testing.assert_close(torch.tensor([e[name] for e in log["history"]]),
+                                   torch.tensor([e[name] for e in single["history"]]),
+                                   rtol=1e-5, atol=1e-6, msg=name)
+    two, one = weights(tmp_path / "two" / "final"), weights(tmp_path / "one" / "final")
+    assert two.keys() == one.keys()
+    for name in one:  # the tolerance of the ASM test above, for the same reason
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_air_batch_the_processes_cannot_share_names_the_problem(tmp_path):
+    done = launch(str(tmp_path), "--air", "--batch-size", "7")
     assert done.returncode != 0
-    assert "train_air runs in one process; this launch has 2" in done.stderr
+    assert "must be a multiple of the 2 processes" in done.stderr

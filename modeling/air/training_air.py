@@ -3,7 +3,13 @@
 A row of the carry keeps working on its puzzle until it halts; only then does it take the puzzle
 at its index in the next batch. That is why this is a custom loop rather than ``Trainer``.
 Optimiser: AdamATan2 (betas 0.9/0.95) with linear warmup and an optional cosine decay, weight
-decay, optional parameter EMA for evaluation. ``accelerate`` places the model and the batches.
+decay, optional parameter EMA for evaluation. ``accelerate`` places the model and the batches;
+under ``accelerate launch`` the run is data parallel: ``batch_size`` is the global batch, each
+process trains on (and carries the ACT state of) its equal share of the rows, gradients and the
+logged values are averaged across processes, and only the main process writes. Every row's
+segment is independent of the others' and the losses are means over rows, so a step equals the
+one-process step up to float summation order — except that each process draws its own ACT
+exploration numbers (same distribution, not the same numbers as one process would draw).
 Evaluation runs :meth:`AIRSolver.solve` to the segment limit (as the papers do) and reports exact
 accuracy, token accuracy and, for mazes, the fraction of valid and optimal paths. The JSON log is
 rewritten atomically at every evaluation.
@@ -20,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
 
 from ..checkpoints import save_pretrained_atomically, write_json
 from .maze_air import valid_optimal_accuracy
@@ -218,13 +224,15 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     data = _tensors(train_dataset, model.config.seq_len)
-    accelerator = Accelerator(cpu=config.cpu, mixed_precision=config.mixed_precision)
-    if accelerator.num_processes > 1:
-        raise NotImplementedError(
-            f"train_air runs in one process; this launch has {accelerator.num_processes}. Its "
-            "carry (each batch row's recurrent state, replaced when the row halts) is not yet "
-            "sharded across processes, so every process would train the same rows. Launch one "
-            "process.")
+    # split_batches: batch_size is the global batch, so the scheduler steps once per step
+    accelerator = Accelerator(cpu=config.cpu, mixed_precision=config.mixed_precision,
+                              dataloader_config=DataLoaderConfiguration(split_batches=True))
+    world, rank, main = (accelerator.num_processes, accelerator.process_index,
+                         accelerator.is_main_process)
+    if config.batch_size % world:
+        raise ValueError(f"AIRTrainConfig.batch_size {config.batch_size} is the global batch and "
+                         f"must be a multiple of the {world} processes (each trains on an equal "
+                         "share)")
     optimizer = AdamATan2(model.parameters(), lr=config.lr, betas=config.betas,
                           weight_decay=config.weight_decay, a=config.atan2_a, b=config.atan2_b)
     scheduler = make_scheduler(optimizer, config.warmup_steps, max(config.steps,
@@ -236,7 +244,7 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
         compile_recurrent_blocks(solver)
     ema = EMA(solver, config.ema_decay) if config.ema_decay is not None else None
     out_dir = Path(out) if out is not None else None
-    if out_dir is not None:
+    if out_dir is not None and main:
         out_dir.mkdir(parents=True, exist_ok=True)
     log: dict[str, Any] = {"train_config": asdict(config), "model_config": solver.config.to_dict(),
                            "train_size": int(data["inputs"].shape[0]),
@@ -270,10 +278,10 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
     since = 0
     start_time = time.perf_counter()
     bar = tqdm(total=config.steps, desc="air-train", disable=not config.progress or None) \
-        if tqdm is not None else None
+        if tqdm is not None and main else None
     model.train()
     for step in range(1, config.steps + 1):
-        index = next(batches)
+        index = next(batches).view(world, -1)[rank]  # this process's rows of the global batch
         batch = {name: tensor[index].to(accelerator.device) for name, tensor in data.items()}
         output = model(batch["inputs"], labels=batch["labels"], carry=carry,
                        puzzle_identifiers=batch["puzzle_identifiers"])
@@ -289,11 +297,14 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
                  "halted_fraction": carry.halted.float().mean()}
         if output.q_continue_loss is not None:
             parts["q_continue_loss"] = output.q_continue_loss
-        for name, value in parts.items():
-            running[name] = running.get(name, 0.0) + float(value.detach())
+        values = torch.stack([value.detach().float() for value in parts.values()])
+        if world > 1:
+            values = accelerator.reduce(values, reduction="mean")
+        for name, value in zip(parts, values.tolist(), strict=True):
+            running[name] = running.get(name, 0.0) + value
         since += 1
-        if not math.isfinite(float(output.loss.detach())):
-            raise FloatingPointError(f"the training loss became {float(output.loss.detach())} "
+        if not math.isfinite(float(values[0])):
+            raise FloatingPointError(f"the training loss became {float(values[0])} "
                                      f"at step {step}; lower the learning rate")
         if bar is not None:
             bar.update(1)
@@ -308,7 +319,7 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
             if bar is not None and config.progress and entry["eval"]:
                 bar.write(f"step {step}: loss {entry['loss']:.4f} eval exact "
                           f"{entry['eval']['exact_accuracy']:.4f}")
-            if out_dir is not None:
+            if out_dir is not None and main:
                 write_json(out_dir / "log.json", log)
     if bar is not None:
         bar.close()
@@ -316,8 +327,12 @@ def train_air(model: AIRSolver, train_dataset, eval_dataset=None,
     if out_dir is not None:
         if ema is not None:
             ema.copy_to(solver)
-        save_pretrained_atomically(solver, out_dir / "final",
-                                   add_files=None if card is None else lambda folder: (
-                                       folder / "README.md").write_text(card(log, out_dir.name)))
-        write_json(out_dir / "log.json", log)
+        def add_card(folder: Path) -> None:
+            if card is not None and main:
+                (folder / "README.md").write_text(card(log, out_dir.name))
+
+        save_pretrained_atomically(solver, out_dir / "final", add_files=add_card,
+                                   accelerator=accelerator)
+        if main:
+            write_json(out_dir / "log.json", log)
     return log
