@@ -69,7 +69,9 @@ if triton is not None:
         else:
             acc = tl.load(init_ptr + pid * K * W + kw, mask=kw_mask, other=0.0)
         for i in range(NT):
-            c = NT - 1 - i if REVERSE else i
+            c = i
+            if REVERSE:
+                c = NT - 1 - i
             tl.store(out_ptr + (pid * NT + c) * K * W + kw, acc, mask=kw_mask)
             before = tl.load(ref_ptr + (pid * (NT + 1) + c) * K + ks, mask=kmask,
                              other=float("-inf"))
