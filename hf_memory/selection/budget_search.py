@@ -49,7 +49,7 @@ __all__ = ["DEFAULT_COST_BUDGET", "DEFAULT_STRENGTHS", "PROMPT_LIKE_GAINS", "Bud
 DEFAULT_STRENGTHS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 # ρ above full strength for banks in concatenated attention (no size normalisation): measured on
 # the embedded model, positioned descriptor banks at every third layer from 12 move held-out
-# pairs +2.0 nats at ρ 0 (cost 0.03), +3.8 at ρ 1 (0.08), +5.7 at ρ 2 (0.18). Up to 16: on four
+# pairs +2.0 nats at ρ 0 (cost 0.03), +3.8 at ρ 1 (0.08), +5.7 at ρ 2 (0.18). Up to 16: on three
 # user personas the exemplar banks stopped at the grid's top (ρ 6) at costs of 0.035-0.073,
 # well inside the 0.1 budget (BENCHMARKS.md, "A user's own persona")
 PROMPT_LIKE_GAINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
