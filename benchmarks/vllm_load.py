@@ -3,14 +3,17 @@
 Run in the vLLM environment (``make vllm-env``), loopback only; it stops by itself::
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_load.py [--clients 1,8,32]
+        [--tensor-parallel-size 2]
 
 The embedded SmolLM2-135M-Instruct in float32 behind vLLM's OpenAI-compatible server with a
 registry of three bank sets (anxious and calm at their shipped selectors, and a contrastive
 anxious-vs-calm pair). For each client count, ``--requests`` requests go out, mixing plain,
 steered (three bank sets, one at half gain) and malformed ones (unknown bank set, a scale that
 is no number, an unknown steering argument). Every valid reply must equal the same request's
-offline output (vLLM's ``LLM``, computed first in this process) and every malformed one must get
-its HTTP 400. Then the engine process is killed mid-load: each client must see an error or its
+offline output (vLLM's ``LLM`` in one process, computed first) and every malformed one must get
+its HTTP 400; with ``--tensor-parallel-size N`` the server runs N workers (on the CPU backend
+each bound to its own core, ``VLLM_CPU_OMP_THREADS_BIND``) and must still equal one process.
+Then the engine process is killed mid-load: each client must see an error or its
 correct text, never other text; a restarted server must serve correctly again.
 """
 
@@ -101,7 +104,8 @@ def offline_outputs(model_dir: Path, registry: Path, ids, lengths: tuple[int, ..
     return {key: out.outputs[0].text for key, out in zip(keys, outputs, strict=True)}
 
 
-def start_server(model_dir: Path, registry: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(model_dir: Path, registry: Path, log: Path,
+                 tensor_parallel: int = 1) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -109,9 +113,13 @@ def start_server(model_dir: Path, registry: Path, log: Path) -> tuple[subprocess
                "--model", str(model_dir), "--served-model-name", "smollm2", "--dtype", "float32",
                "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", "512", "--kv-cache-memory-bytes", str(256 << 20)]
+    env = {**os.environ, "HF_MEMORY_VLLM_REGISTRY": str(registry)}
+    if tensor_parallel > 1:
+        command += ["--tensor-parallel-size", str(tensor_parallel),
+                    "--distributed-executor-backend", "mp"]
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(tensor_parallel))))
     with open(log, "w") as sink:
-        process = subprocess.Popen(command, env={**os.environ, "HF_MEMORY_VLLM_REGISTRY":
-                                                 str(registry)},
+        process = subprocess.Popen(command, env=env,
                                    stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT
@@ -235,6 +243,8 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="server workers (the offline reference stays one process)")
     args = parser.parse_args()
 
     import torch
@@ -243,7 +253,8 @@ def main() -> None:
 
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {args.requests} requests per client count, "
-          f"{args.tokens} new tokens each; a quarter malformed", flush=True)
+          f"{args.tokens} new tokens each; a quarter malformed; server tensor parallel "
+          f"{args.tensor_parallel_size}", flush=True)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -252,7 +263,8 @@ def main() -> None:
         ids = prompt_ids(tokenizer)
         long = args.tokens * 8  # the requests in flight when the engine is killed
         expected = offline_outputs(model_dir, registry, ids, (args.tokens, long))
-        server, base = start_server(model_dir, registry, root / "server.log")
+        server, base = start_server(model_dir, registry, root / "server.log",
+                                    args.tensor_parallel_size)
         try:
             for clients in (int(c) for c in args.clients.split(",")):
                 result = run_load(base, ids, expected, clients, args.requests, args.tokens)
@@ -270,7 +282,8 @@ def main() -> None:
                   flush=True)
         finally:
             stop_server(server)
-        server, base = start_server(model_dir, registry, root / "restarted.log")
+        server, base = start_server(model_dir, registry, root / "restarted.log",
+                                    args.tensor_parallel_size)
         try:
             result = run_load(base, ids, expected, 4, len(VALID) * len(PROMPTS), args.tokens)
             failures += len(result["wrong"])
