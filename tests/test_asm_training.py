@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 from modeling.asm import ASMConfig, ASMForCausalLM
 from modeling.asm.baseline_asm import count_parameters, matched_llama_config
 from modeling.asm.corpus_asm import hub_corpus, kjv_corpus, pack_blocks, train_bpe_tokenizer
-from modeling.asm.training_asm import LMTrainConfig, batch_order, evaluate_nll, train_lm
+from modeling.asm.training_asm import LMTrainConfig, _precision, batch_order, evaluate_nll, train_lm
 
 
 def tiny_config(**overrides) -> ASMConfig:
@@ -237,3 +237,13 @@ def test_a_diverging_loss_stops_training_with_a_clear_error():
 def test_train_config_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"LMTrainConfig.{field}"):
         LMTrainConfig(**{field: value})
+
+
+def test_auto_precision_is_the_launch_flag_else_bf16_where_the_gpu_has_it(monkeypatch):
+    """``accelerate launch --mixed_precision X`` sets ACCELERATE_MIXED_PRECISION: ``"auto"``
+    follows it; an explicit config value wins over it; without a launch flag, no GPU: none."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert _precision("auto", cpu=True) == "bf16"
+    assert _precision("no", cpu=True) == "no"
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    assert _precision("auto", cpu=True) == "no"

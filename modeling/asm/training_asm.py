@@ -127,8 +127,13 @@ def evaluate_nll(model, blocks: torch.Tensor, batch_size: int = 32) -> dict[str,
 
 
 def _precision(requested: str, cpu: bool) -> str:
+    """``"auto"``: the precision ``accelerate launch --mixed_precision`` asked for, else bf16
+    where the GPU has it, else none; any other value is used as given."""
     if requested != "auto":
         return requested
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if launched in PRECISIONS:
+        return launched
     bf16 = not cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return "bf16" if bf16 else "no"
 
