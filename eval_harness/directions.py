@@ -68,7 +68,9 @@ def eval_pairs(limit: int | None = None) -> list[dict[str, Any]]:
 @dataclass
 class TraitSteeringConfig:
     """Knobs of the task (recorded in the results). ``cost_texts``: measure the cost budget on
-    the first N shipped neutral passages and prompts (None: all of them)."""
+    the first N shipped neutral passages and prompts (None: all of them). ``validation``: the
+    fraction of the calibration pairs the budgeted selector search holds out to drop sites
+    that do not hold there (0, the shipped selectors' recipe: every pair searched)."""
 
     directions: Sequence[str] = DIRECTIONS
     limit: int | None = None
@@ -83,6 +85,7 @@ class TraitSteeringConfig:
     bank_template: str = "{text}"
     cost_budget: float | None = 0.1
     cost_texts: int | None = None
+    validation: float = 0.0
     layer_stride: int = 3
     caa_layer: int = 10
     caa_scales: Sequence[float] = (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
@@ -103,6 +106,8 @@ class TraitSteeringConfig:
             raise ValueError("calibration_pairs must be between 1 and 24 per trait")
         if self.cost_budget is not None:
             check_weight("cost_budget", self.cost_budget)
+        if not (isinstance(self.validation, int | float) and 0 <= self.validation < 1):
+            raise ValueError(f"validation must be a fraction in [0, 1), got {self.validation!r}")
         if self.cost_texts is not None and (isinstance(self.cost_texts, bool) or not isinstance(
                 self.cost_texts, int) or self.cost_texts < 1):
             raise ValueError(f"cost_texts must be a positive integer or None, got "
@@ -198,6 +203,7 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
     (:func:`bank_sources`), so a selector is reused across thread counts."""
     path = Path(config.selectors_dir) / name if config.selectors_dir else None
     budget = getattr(config, "cost_budget", None)  # a task without one searches unbudgeted
+    validation = float(getattr(config, "validation", 0.0))
     wanted = {"pairs_sha256": pairs_digest(pairs, drift),
               "uncertainty_weight": config.uncertainty_weight, "top_layers": config.top_layers,
               "cost_budget": budget}
@@ -215,15 +221,17 @@ def behavioural_selector(model, tokenizer, banks: BankSet, pairs, drift, config,
             saved = Selector.from_pretrained(place)
             if (_made_on(saved, model) and saved.candidate_layers == candidates
                     and _same_banks(saved, banks, sources)
-                    and all(saved.config.get(key) == value for key, value in wanted.items())):
+                    and all(saved.config.get(key) == value for key, value in wanted.items())
+                    and saved.config.get("validation_fraction", 0.0) == validation):
                 return saved
     selector = Selector.calibrate_behavioural(
         model, tokenizer, banks, pairs, drift_pairs=drift, top_layers=config.top_layers,
         candidate_layers=config.candidate_layers, gains=config.gains,
         uncertainty_weight=config.uncertainty_weight, batch_size=config.batch_size,
         cost_budget=budget, cost=cost, control_banks=control, layer_stride=stride,
-        validation=0.0, progress=False)  # the shipped selectors' recipe: every pair searched
+        validation=validation, progress=False)
     selector.config["bank_sources"] = sources
+    selector.config["validation_fraction"] = validation
     if path is not None:
         selector.save_pretrained(path)
     return selector

@@ -18,7 +18,14 @@ from eval_harness.names import (
 )
 
 from .model_loading import load_model
-from .types import finite, layer_spec, non_negative, non_negative_int, positive_int
+from .types import (
+    finite,
+    layer_spec,
+    non_negative,
+    non_negative_int,
+    positive_int,
+    unit_interval,
+)
 
 __all__ = ["add_eval_parsers"]
 
@@ -300,6 +307,7 @@ def _eval(args: argparse.Namespace) -> None:
                                        top_layers=args.top_layers, caa_layer=args.caa_layer,
                                        num_bootstrap=args.bootstrap, seed=args.seed,
                                        cost_texts=args.cost_texts,
+                                       validation=args.validation,
                                        selectors_dir=args.selectors or str(out / "selectors"))
         run = run_trait_steering if args.task == "trait-steering" else run_layer_ablation
         path = run_task(args.task, lambda: run(model, tokenizer, steering),
@@ -449,6 +457,10 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="trait-steering, layer-ablation: measure the cost budget on the first N "
                           "shipped neutral passages and prompts (default: all; fewer is faster "
                           "and noisier)")
+    run.add_argument("--validation", type=unit_interval, default=0.0, metavar="FRACTION",
+                     help="trait-steering, layer-ablation: hold this fraction of the calibration "
+                          "pairs out of the selector search and drop the sites that do not hold "
+                          "on it (default: 0, the shipped selectors' recipe)")
     run.add_argument("--sets", type=_csv(PERSONA_SETS), default=list(PERSONA_SETS),
                      metavar="S,S,...",
                      help=f"persona-ab: persona A/B sets among {', '.join(PERSONA_SETS)} "

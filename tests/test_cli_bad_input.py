@@ -78,6 +78,7 @@ BAD_INPUTS = [
     (["eval", "trait-steering", "--bootstrap", "0", "--out", OUT], "must be >= 1"),
     (["eval", "trait-steering", "--top-layers", "0", "--out", OUT], "must be >= 1"),
     (["eval", "trait-steering", "--cost-texts", "0", "--out", OUT], "must be >= 1"),
+    (["eval", "trait-steering", "--validation", "1", "--out", OUT], "must be in [0, 1)"),
     (["eval", "asm-refinement", "--betas", "0,-1", "--out", OUT],
      "expected finite non-negative numbers"),
     (["eval", "capability", "--memory-gains", "0.5", "--out", OUT], "include 1.0"),

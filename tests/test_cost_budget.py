@@ -338,3 +338,6 @@ def test_a_neutral_sample_is_the_first_shipped_texts_and_its_size_is_checked():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="cost_texts must be a positive integer"):
             TraitSteeringConfig(cost_texts=bad)
+    for bad in (1.0, -0.1, "0.3"):
+        with pytest.raises(ValueError, match="validation must be a fraction"):
+            TraitSteeringConfig(validation=bad)

@@ -230,11 +230,14 @@ def test_bigfive_generation_smoke_run(tmp_path):
 def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     assert cli.main(["eval", "trait-steering", "--directions", "N+", "--limit", "1",
                      "--candidate-layers", "19-20", "--calibration-pairs", "4",
-                     "--top-layers", "1", "--bootstrap", "20",
+                     "--top-layers", "1", "--bootstrap", "20", "--validation", "0.5",
                      "--cost-texts", "2", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     validate_results(record)
-    assert record["config"]["cost_texts"] == 2
+    assert record["config"]["cost_texts"] == 2 and record["config"]["validation"] == 0.5
+    saved = json.loads((tmp_path / "selectors" / "N+" / "selector.json").read_text())
+    assert saved["config"]["validation_fraction"] == 0.5  # 2 of the 4 pairs held out
+    assert saved["config"]["search_pairs"] == 2 and saved["config"]["validation"]["pairs"] == 2
     results = record["results"]
     assert results["items"] == {"likelihood": 5, "questionnaire": 5,
                                 "source": results["items"]["source"]}
