@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TINY", "Bands", "Refine", "ScanState", "band_width", "read_refined",
-           "safe_reciprocal", "scan_bands"]
+__all__ = ["TINY", "Bands", "Refine", "ScanState", "attend_through", "band_width",
+           "read_refined", "safe_reciprocal", "scan_bands"]
 
 Refine = Callable[[torch.Tensor], torch.Tensor]
 
@@ -112,6 +112,29 @@ def read_refined(
     if w is not None and gate is not None:
         return contract(r + torch.as_tensor(gate, dtype=r.dtype, device=r.device) * w), None
     return contract(r), contract(w) if w is not None else None
+
+
+def attend_through(scores: Callable, read: Callable, logits: torch.Tensor, v: torch.Tensor,
+                   q: torch.Tensor, key_logits: torch.Tensor, gamma: torch.Tensor | float,
+                   read_temperature: float, refine: Refine | None, state: ScanState | None,
+                   gate: torch.Tensor | float | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
+    """The scan + read composed from two float32 kernels (the Triton forms):
+    ``scores(x, logits, v, state) -> <x_t, slot_s(t)>`` and
+    ``read(a, logits, v, state) -> (sum_s a[t, s] slot_s(t), final state)``: content scores,
+    read weights, refinement, then one read of ``r + gate w`` (with a gate) or the reads of
+    ``r`` and ``w``. Arguments and results as in ``asa_attend_chunk_autograd``."""
+    gamma = torch.as_tensor(gamma, dtype=torch.float32, device=v.device)
+    gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
+    content = scores(q, logits, v, state)
+    r = torch.softmax((key_logits.float() + gamma * content) / read_temperature, dim=-1)
+    w = refine(r).float() if refine is not None else None
+    if w is not None and gate is not None:
+        o, final = read(r + torch.as_tensor(gate, dtype=torch.float32) * w, logits, v, state)
+        return o, r, None, final
+    o, final = read(r, logits, v, state)
+    delta = read(w, logits, v, state)[0] if w is not None else None
+    return o, r, delta, final
 
 
 TINY = {t: torch.finfo(t).tiny for t in (torch.float32, torch.float64)}

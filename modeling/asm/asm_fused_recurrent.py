@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .asm_common import Refine, ScanState
+from .asm_common import Refine, ScanState, attend_through
 
 __all__ = ["asa_attend_fused_recurrent", "causal_linear_attention_fused_recurrent",
            "slot_read_fused_recurrent", "slot_scores_fused_recurrent"]
@@ -392,16 +392,5 @@ def asa_attend_fused_recurrent(
     The content scores and the read are two launches of the recurrent kernel; the second
     recomputes the slot states in registers instead of storing ``[T, K, d]``.
     """
-    gamma = torch.as_tensor(gamma, dtype=torch.float32, device=v.device)
-    gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
-    content = slot_scores_fused_recurrent(q, logits, v, state)
-    r = torch.softmax((key_logits.float() + gamma * content) / read_temperature, dim=-1)
-    w = refine(r).float() if refine is not None else None
-    if w is not None and gate is not None:
-        o, final = slot_read_fused_recurrent(r + torch.as_tensor(gate, dtype=torch.float32) * w,
-                                             logits,
-                                    v, state)
-        return o, r, None, final
-    o, final = slot_read_fused_recurrent(r, logits, v, state)
-    delta = slot_read_fused_recurrent(w, logits, v, state)[0] if w is not None else None
-    return o, r, delta, final
+    return attend_through(slot_scores_fused_recurrent, slot_read_fused_recurrent, logits, v, q,
+                          key_logits, gamma, read_temperature, refine, state, gate)

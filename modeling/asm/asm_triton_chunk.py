@@ -29,9 +29,11 @@ the tests). Without the triton package the wrappers raise; the other forms need 
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from .asm_common import Refine, ScanState
+from .asm_common import Refine, ScanState, attend_through
 from .asm_fused_recurrent import triton
 
 __all__ = ["asa_attend_triton_chunk", "causal_linear_attention_triton_chunk",
@@ -85,15 +87,20 @@ if triton is not None:
             tl.store(final_ptr + pid * K * W + kw, acc, mask=kw_mask)
 
     @triton.jit
-    def _slot_tile(l_ptr, mu_ptr, base, s, ts, tmask, K: tl.constexpr):
+    def _slot_tile(l_ptr, mu_ptr, ref_ptr, start_ptr, base, ref_row, start, s, ts, tmask,
+                   K: tl.constexpr, D: tl.constexpr):
         """Slot ``s`` of one chunk: ``E[t, tau] = exp(l[tau, s] - mu_s(t))`` for ``tau <= t``
-        (0 elsewhere, and where nothing is written) and ``mu_s(t)``."""
+        (0 elsewhere, and where nothing is written), the carry factor ``exp(b_c - mu_s(t))``
+        and ``1 / den_s(t)``, ``den_s(t) = den_c,s carry + sum_tau E[t, tau]`` (0 unwritten)."""
         lg = tl.load(l_ptr + base + ts * K + s, mask=tmask, other=float("-inf"))
         mu = tl.load(mu_ptr + base + ts * K + s, mask=tmask, other=float("-inf"))
         keep = ((ts[None, :] <= ts[:, None]) & (lg[None, :] > float("-inf"))
                 & (mu[:, None] > float("-inf")))
         gap = tl.where(keep, lg[None, :], 0.0) - tl.where(keep, mu[:, None], 0.0)
-        return tl.where(keep, tl.exp(gap), 0.0), mu
+        e = tl.where(keep, tl.exp(gap), 0.0)
+        carry = _carry(tl.load(ref_ptr + ref_row + s), mu)
+        den0 = tl.load(start_ptr + start + s * (D + 1) + D)
+        return e, carry, _inverse(den0 * carry + tl.sum(e, axis=1))
 
     @triton.jit
     def _carry(start_ref, mu):
@@ -175,11 +182,8 @@ if triton is not None:
             xn = _dot(xt, tl.trans(num0))  # [t, s]
             out = tl.zeros((C, BK), dtype=tl.float32)
         for s in range(K):
-            e, mu = _slot_tile(l_ptr, mu_ptr, base_k, s, offs, tmask, K)
-            den0 = tl.load(start_ptr + start + s * (D + 1) + D)
-            ref0 = tl.load(ref_ptr + (bh * (NT + 1) + c) * K + s)
-            carry = _carry(ref0, mu)
-            inv = _inverse(den0 * carry + tl.sum(e, axis=1))
+            e, carry, inv = _slot_tile(l_ptr, mu_ptr, ref_ptr, start_ptr, base_k,
+                                       (bh * (NT + 1) + c) * K, start, s, offs, tmask, K, D)
             if READ:
                 a = tl.load(w_ptr + base_k + offs * K + s, mask=tmask, other=0.0) * inv
                 wt += a[:, None] * e
@@ -235,10 +239,8 @@ if triton is not None:
         wt = tl.zeros((C, C), dtype=tl.float32)
         dl = tl.zeros((C, BK), dtype=tl.float32)
         for s in range(K):
-            e, mu = _slot_tile(l_ptr, mu_ptr, base_k, s, offs, tmask, K)
-            den0 = tl.load(start_ptr + start + s * (D + 1) + D)
-            ref0 = tl.load(ref_ptr + (bh * (NT + 1) + c) * K + s)
-            inv = _inverse(den0 * _carry(ref0, mu) + tl.sum(e, axis=1))
+            e, _, inv = _slot_tile(l_ptr, mu_ptr, ref_ptr, start_ptr, base_k,
+                                   (bh * (NT + 1) + c) * K, start, s, offs, tmask, K, D)
             a = tl.load(a_ptr + base_k + offs * K + s, mask=tmask, other=0.0) * inv
             p = tl.load(p_ptr + base_k + offs * K + s, mask=tmask, other=0.0)
             ae = a[:, None] * e
@@ -590,15 +592,6 @@ def asa_attend_triton_chunk(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ScanState]:
     """:func:`~.asm_fused_recurrent.asa_attend_fused_recurrent` on the chunk kernels (same
     arguments and results)."""
-    gamma = torch.as_tensor(gamma, dtype=torch.float32, device=v.device)
-    gamma = gamma.view(1, -1, 1, 1) if gamma.dim() == 1 else gamma
-    content = slot_scores_triton_chunk(q, logits, v, state, chunk)
-    r = torch.softmax((key_logits.float() + gamma * content) / read_temperature, dim=-1)
-    w = refine(r).float() if refine is not None else None
-    if w is not None and gate is not None:
-        weights = r + torch.as_tensor(gate, dtype=torch.float32) * w
-        o, final = slot_read_triton_chunk(weights, logits, v, state, chunk)
-        return o, r, None, final
-    o, final = slot_read_triton_chunk(r, logits, v, state, chunk)
-    delta = slot_read_triton_chunk(w, logits, v, state, chunk)[0] if w is not None else None
-    return o, r, delta, final
+    return attend_through(partial(slot_scores_triton_chunk, chunk=chunk),
+                          partial(slot_read_triton_chunk, chunk=chunk), logits, v, q, key_logits,
+                          gamma, read_temperature, refine, state, gate)
