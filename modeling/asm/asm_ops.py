@@ -27,19 +27,19 @@ from .asm_fused_recurrent import (
     triton,
 )
 from .asm_triton_chunk import asa_attend_triton_chunk, causal_linear_attention_triton_chunk
+from .configuration_asm import SCAN_BACKENDS
 
 __all__ = ["CHUNK_FROM", "asa_attend", "causal_linear_attention", "resolve_backend"]
 
 CHUNK_FROM = 32  # positions per pass from which "auto" takes the chunk kernels on CUDA
-BACKENDS = ("auto", "torch", "triton", "triton_chunk")
 
 
 def resolve_backend(backend: str, like: torch.Tensor, length: int) -> str:
     """The form a ``scan_backend`` value runs on tensors like ``like`` for a pass of ``length``
     positions: ``"torch"``, ``"triton"`` or ``"triton_chunk"`` (a resolved value resolves to
     itself)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in SCAN_BACKENDS:
+        raise ValueError(f"backend must be one of {SCAN_BACKENDS}, got {backend!r}")
     if backend.startswith("triton"):
         interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         if triton is None or not (like.is_cuda or interpreted):
