@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one command (a lent GPU machine has no network and little time):
 #   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
-#   benchmarks/gpu_asm.py, mi_serving_shapes.py and training_steps.py --device cuda.
-#   ASM_SECTIONS=decode, SKIP_MI=1, SKIP_TRAINING=1, SKIP_PROFILE=1, SKIP_FLA=1 run less.
+#   gpu_lse_kernels.py, mi_serving_shapes.py, gpu_mi_profile.py, gpu_asm.py and
+#   training_steps.py --device cuda. ASM_SECTIONS=decode, MI_MODELS="llama-1b", SKIP_LSE=1,
+#   SKIP_MI=1, SKIP_PROFILE=1, SKIP_ASM=1, SKIP_TRAINING=1, SKIP_FLA=1 run less. At most 8 files
+#   come back from a lent machine: the logs (tables included) and two JSON-lines files.
 # Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
 # needs, flash-linear-attention as an outside anchor); one that does not import there is
 # dropped and the run goes on with what the image has. Logs and JSON lines go to $OUT.
@@ -15,7 +17,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         --target /tmp/site .whl/*.whl
     export PYTHONPATH="$PWD:/tmp/site"
     for module in transformers datasets fla; do
-        python3 -c "import $module" 2>"$OUT/import_$module.err" \
+        python3 -c "import $module" 2>"/tmp/import_$module.err" \
             || { echo "# $module from .whl does not import here: dropped"; \
                  rm -rf /tmp/site/"$module" /tmp/site/"$module"-*; }
     done
@@ -34,11 +36,13 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log
     tail -n 40 "$OUT/$name.log"
     echo "## $name: exit $rc after $((SECONDS - start)) s"
 }
-step 170 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 120 \
-    --junitxml="$OUT/gpu_tests.xml"
-step 240 gpu_asm python3 benchmarks/gpu_asm.py --sections "${ASM_SECTIONS:-layer,model,loss,decode}" \
-    --json "$OUT/gpu_asm.jsonl"
-[ "${SKIP_MI:-0}" = 1 ] || step 150 gpu_mi python3 benchmarks/mi_serving_shapes.py --device cuda --json "$OUT/gpu_mi.jsonl"
+step 110 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 100
+[ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 benchmarks/gpu_lse_kernels.py
+# shellcheck disable=SC2086  # (MI_MODELS is a list)
+[ "${SKIP_MI:-0}" = 1 ] || step 150 gpu_mi python3 benchmarks/mi_serving_shapes.py --device cuda \
+    --models ${MI_MODELS:-llama-1b smollm2-135m qwen3-moe} --json "$OUT/gpu_mi.jsonl"
+[ "${SKIP_PROFILE:-0}" = 1 ] || step 45 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
+[ "${SKIP_ASM:-0}" = 1 ] || step 200 gpu_asm python3 benchmarks/gpu_asm.py \
+    --sections "${ASM_SECTIONS:-layer,model,loss}" --json "$OUT/gpu_asm.jsonl"
 [ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda
-[ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
 [ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 benchmarks/gpu_asm.py --sections fla --json "$OUT/gpu_asm_fla.jsonl"

@@ -102,3 +102,19 @@ def default_model():
     from hf_memory import load_default_model
 
     return load_default_model()
+
+
+@pytest.fixture
+def lse_calls(monkeypatch):
+    """Counts the steering's log-sum-exp path's kernel calls (the real function runs)."""
+    import hf_memory.steering.attention as steering_module
+    from hf_memory.steering.stock_attention import attention_with_lse
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return attention_with_lse(*args, **kwargs)
+
+    monkeypatch.setattr(steering_module, "attention_with_lse", counted)
+    return calls

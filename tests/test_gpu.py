@@ -15,11 +15,19 @@ fixed before the first GPU run:
   a few layers compound it), and the Triton path no worse than 1.5x the PyTorch path in the
   same precision.
 * float64 on the GPU: the memory-inception mixture equals the concatenated-softmax reference
-  at 1e-10, as on the CPU.
+  at 1e-10, as on the CPU (float64 takes the reference path: the CUDA kernels that return a
+  log-sum-exp take no float64).
+* the stock attention with its log-sum-exp (flash / memory-efficient kernels) against float64
+  on the same (rounded) inputs: float32 within ``bound(S)``; bf16 outputs within 2^-6 absolute
+  (the kernels round the softmax weights to bf16 before the value product and the output once
+  more, 2^-9 relative each, times values up to ~4.5 in size) and log-sum-exps within 1e-3
+  (exact bf16 products summed in float32). The model-level fast path against the reference
+  path: float32 logits within 1e-4, bf16 within the 2e-2 relative norm above.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -29,6 +37,7 @@ pytest.importorskip("triton")
 
 from hf_memory import BankSet, steer  # noqa: E402
 from hf_memory.models.transformers_compat import cache_kwargs, output_cache  # noqa: E402
+from hf_memory.steering.stock_attention import attention_with_lse  # noqa: E402
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunk_autograd  # noqa: E402
 from modeling.asm.asm_fused_recurrent import (  # noqa: E402
     asa_attend_fused_recurrent,
@@ -48,6 +57,12 @@ from tests.test_memory_inception import (  # noqa: E402
     manual_greedy,
     random_bank,
     token_ids,
+)
+from tests.test_steering_lse_path import (  # noqa: E402
+    SDPA_FAMILIES,
+    contrastive,
+    padded_batch,
+    softmax_reference,
 )
 from tests.tiny_models import FAMILIES, tiny_model  # noqa: E402
 
@@ -297,3 +312,84 @@ def test_bf16_steered_generation_on_cuda(family):
             expected = manual_greedy(model, ids[:1, :8], 8)
     assert relative(steered, ref) <= 2e-2
     assert torch.equal(generated, expected)
+
+
+LSE_LAYOUTS = {  # name -> batch, KV heads, group, query length, history length, mask, head subset
+    "decode": (2, 2, 3, 1, 37, "none", False),
+    "decode-padded": (3, 2, 3, 1, 37, "shared", False),
+    "decode-heads": (2, 2, 3, 1, 130, "per_head", True),
+    "prefill-causal": (2, 2, 2, 45, 45, "none", False),
+    "prefill-padded": (3, 1, 4, 9, 21, "empty_row", False),
+    "decode-long": (4, 8, 4, 1, 2048, "shared", False),
+    "chunk-long": (1, 8, 4, 64, 2048, "shared", False),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", list(LSE_LAYOUTS))
+def test_attention_with_lse_on_cuda_matches_float64(layout, dtype):
+    batch, kv_heads, group, q_len, span, mask, subset = LSE_LAYOUTS[layout]
+    gen = torch.Generator().manual_seed(len(layout))
+    heads = kv_heads * group
+    query, key, value = (torch.randn(batch, n, length, 64, generator=gen).to(dtype)
+                         for n, length in ((heads, q_len), (kv_heads, span), (kv_heads, span)))
+    kv_index = torch.arange(heads) // group
+    chosen = torch.tensor([heads - 1, 0]) if subset else None
+    if chosen is not None:
+        query, kv_index = query[:, chosen], kv_index[chosen]
+    visible = None
+    if mask != "none":
+        per = query.shape[1] if mask == "per_head" else 1
+        visible = torch.rand(batch, per, q_len, span, generator=gen) < 0.7
+        visible[..., -1] = True
+        if mask == "empty_row":
+            visible[0, :, 0] = False
+    out, lse = attention_with_lse(
+        query.to(CUDA), key.to(CUDA), value.to(CUDA),
+        None if visible is None else visible.to(CUDA), scaling=0.125,
+        kv_index=None if chosen is None else kv_index.to(CUDA))
+    want, want_lse = softmax_reference(
+        query, key, value,
+        visible if visible is not None or q_len == 1 else
+        torch.ones(q_len, span, dtype=torch.bool).tril()[None, None], 0.125, kv_index)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    if dtype == torch.float32:
+        tol = dict(rtol=bound(span), atol=bound(span))
+        lse_tol = tol
+    else:
+        tol, lse_tol = dict(rtol=2**-8, atol=2**-6), dict(rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(out.cpu().double(), want, **tol)
+    torch.testing.assert_close(lse.cpu().double(), want_lse, **lse_tol)
+
+
+def moved(banks, dtype):
+    def one(bank):
+        return dataclasses.replace(
+            bank, keys=bank.keys.to(CUDA, dtype), values=bank.values.to(CUDA, dtype),
+            positions=None if bank.positions is None else bank.positions.to(CUDA))
+    return BankSet([one(b) for b in banks.banks], gamma=banks.gamma)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("family", SDPA_FAMILIES)
+def test_lse_path_on_cuda_equals_the_reference_path(family, dtype, lse_calls):
+    """The banks merged into the CUDA kernel's output by its log-sum-exp (the default path)
+    against the history recomputed beside it: left padding, head-subset sites, positioned and
+    contrastive banks, then cached greedy decoding."""
+    model = tiny_model(family, dtype=dtype).to(CUDA)
+    banks = moved(contrastive(positioned=True), dtype)
+    ids, mask = (x.to(CUDA) for x in padded_batch())
+    logits, tokens = {}, {}
+    with torch.no_grad():
+        for path in ("auto", "reference"):
+            with steer(model, banks, mixture_path=path, units={1: [0, 3], 2: [1, 2, 3]},
+                       layer_gains={1: 0.8, 2: 1.2}):
+                logits[path] = model(ids, attention_mask=mask).logits.double()
+                tokens[path] = model.generate(ids, attention_mask=mask, max_new_tokens=6,
+                                              do_sample=False, pad_token_id=0)
+    assert lse_calls, "the log-sum-exp path did not run"
+    if dtype == torch.float32:
+        torch.testing.assert_close(logits["auto"], logits["reference"], rtol=1e-4, atol=1e-4)
+        assert torch.equal(tokens["auto"], tokens["reference"])
+    else:
+        assert relative(logits["auto"], logits["reference"]) <= 2e-2

@@ -12,9 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hf_memory.steering.attention as steering_module
 from hf_memory import BankSet, MemoryBank, steer
-from hf_memory.steering.stock_attention import attention_with_lse
+from hf_memory.steering.stock_attention import _aligned, attention_with_lse
 from tests.tiny_models import DEFAULT_ATTENTION, FAMILIES, tiny_model
 
 pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
@@ -38,19 +37,6 @@ def contrastive(positioned=False):
     return BankSet([bank("t", "target", 5, seed=1, gain=1.5, positioned=positioned),
                     bank("r", "reference", 3, seed=2, gain=0.7),
                     bank("a", "auxiliary", 4, seed=3, gain=0.4)], gamma=1.3)
-
-
-@pytest.fixture
-def lse_calls(monkeypatch):
-    """Counts the fast path's kernel calls (the real function runs)."""
-    calls = []
-
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape)
-        return attention_with_lse(*args, **kwargs)
-
-    monkeypatch.setattr(steering_module, "attention_with_lse", counted)
-    return calls
 
 
 def padded_batch():
@@ -180,3 +166,16 @@ def test_a_long_query_over_a_longer_history_needs_its_mask():
     kv = torch.zeros(1, 2, 5, 4)
     with pytest.raises(ValueError, match="needs its visibility mask"):
         attention_with_lse(q, kv, kv, None, scaling=1.0)
+
+
+@pytest.mark.parametrize("width", [5, 16, 37])
+def test_a_mask_is_laid_out_in_rows_of_16_for_the_cuda_kernel(width):
+    """The memory-efficient CUDA kernel reads its bias in rows aligned to 16 elements: a mask
+    whose rows are not is copied into such rows (same values), one whose rows are is not."""
+    mask = torch.randn(2, 3, 4, width)
+    aligned = _aligned(mask)
+    assert torch.equal(aligned, mask)
+    assert all(stride % 16 == 0 for stride in aligned.stride()[:-1])
+    assert (aligned.data_ptr() == mask.data_ptr()) == (width % 16 == 0)
+    broadcast = _aligned(mask[:, :1].expand(2, 3, 4, width))
+    assert torch.equal(broadcast, mask[:, :1].expand(2, 3, 4, width))
