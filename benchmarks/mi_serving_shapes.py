@@ -119,9 +119,9 @@ def prefill_and_steps(model, ids: torch.Tensor, steps: int) -> tuple[float, floa
 
 
 def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
-            repeats: int, steps: int = 16) -> dict:
+            repeats: int, paths: tuple[str, ...] = PATHS, steps: int = 16) -> dict:
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=model.device)
-    labels = ("plain",) + PATHS
+    labels = ("plain",) + paths
     times: dict[str, list] = {label: [] for label in labels}
     with torch.inference_mode():
         for repeat in range(repeats + 1):  # the first round warms up
@@ -138,7 +138,7 @@ def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
     row = {"batch": batch, "prompt": prompt, "new_tokens": new_tokens,
            "plain_tok_s": batch * new_tokens / plain[0],
            "plain_prefill_s": plain[1], "plain_step_ms": 1000 * plain[2]}
-    for path in PATHS:
+    for path in paths:
         generate, prefill, step = median[path]
         row[path] = {"tok_s": batch * new_tokens / generate, "ratio": plain[0] / generate,
                      "prefill_ratio": plain[1] / prefill, "decode_ratio": plain[2] / step}
@@ -158,7 +158,10 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", type=int, default=[64, 2048])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
+                        help="the mixture paths to time beside plain (default: both)")
     args = parser.parse_args()
+    paths = tuple(args.paths)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     batches, prompts = ([1, 2], [16]) if args.quick else (args.batches, args.prompts)
@@ -167,10 +170,10 @@ def main() -> None:
                   "threads")
     print(f"# {where}, torch {torch.__version__}; greedy generate() of {args.new_tokens} new "
           f"tokens, {dtype}, banks 2 x 24 slots at 5 layers; ratios steered / plain, "
-          "reference path (before) | auto path", flush=True)
+          f"{' | '.join(paths)} path", flush=True)
     print(f"{'model':>13} {'B':>3} {'prompt':>6} {'plain tok/s':>12} {'ratio':>13} "
           f"{'prefill':>13} {'decode':>13}")
-    rows = []
+    sink = open(args.json, "w") if args.json else None  # a row at a time: a cut run keeps its rows
     try:
         for name in args.models:
             model = build(name, device, dtype)
@@ -179,20 +182,20 @@ def main() -> None:
                 for batch in batches:
                     row = {"model": name, "device": where, "dtype": str(dtype),
                            **measure(model, banks, batch, prompt, args.new_tokens,
-                                     args.repeats)}
-                    rows.append(row)
-                    ref, auto = row["reference"], row["auto"]
+                                     args.repeats, paths)}
+                    if sink:
+                        sink.write(json.dumps(row) + "\n")
+                        sink.flush()
                     print(f"{name:>13} {batch:>3} {prompt:>6} {row['plain_tok_s']:>12,.1f} "
-                          + " ".join(f"{ref[k]:>5.2f}|{auto[k]:>5.2f}x"
+                          + " ".join("|".join(f"{row[path][k]:>5.2f}" for path in paths) + "x"
                                      for k in ("ratio", "prefill_ratio", "decode_ratio")),
                           flush=True)
             del model, banks
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     finally:
-        if args.json:
-            with open(args.json, "w") as handle:
-                handle.writelines(json.dumps(row) + "\n" for row in rows)
+        if sink:
+            sink.close()
 
 
 if __name__ == "__main__":
