@@ -5,14 +5,16 @@ log-sum-exp (``hf_memory.steering.stock_attention``). Candidates, each timed aga
 call (``F.scaled_dot_product_attention``, which returns no log-sum-exp) at Llama-3.2-1B's
 attention shape (32 query heads, 8 KV heads, head dim 64), bf16, history 2,048:
 
-* ``shipped``: ``attention_with_lse`` as the steering calls it (flash without a mask,
-  memory-efficient with one);
+* ``shipped``: ``attention_with_lse`` as the steering calls it (its module docstring);
 * ``efficient``: the memory-efficient kernel everywhere (given the mask even where none is needed);
-* ``cudnn``: ``aten._scaled_dot_product_cudnn_attention`` with ``compute_log_sumexp``;
+* ``cudnn``: ``aten._scaled_dot_product_cudnn_attention`` with ``compute_log_sumexp``, KV heads
+  repeated (as transformers' SDPA path does with a mask); ``cudnn-packed``: decoding only, a KV
+  group's query heads as the rows of one query (no repeat);
 * ``flex``: ``flex_attention(..., return_lse=True)`` compiled (two shapes: it compiles per shape).
 
 Each row also gives the largest output difference from the stock call and the largest
-log-sum-exp difference from a float32 ``logsumexp`` of the scores.
+log-sum-exp difference from a float32 ``logsumexp`` of the scores (over the query rows that see
+a key).
 
 Usage: python benchmarks/gpu_lse_kernels.py [--json FILE] [--no-flex]
 """
@@ -26,6 +28,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from hf_memory.steering import stock_attention
 from hf_memory.steering.stock_attention import attention_with_lse
 
 CUDA = torch.device("cuda")
@@ -90,16 +93,22 @@ def candidates(q, k, v, visible, causal: bool, flex: bool):
     everything = visible if visible is not None else torch.ones(
         q.shape[2], k.shape[2], dtype=torch.bool, device=CUDA).tril(k.shape[2] - q.shape[2])[
             None, None]
+    everything_bias = stock_attention._additive(~everything, q.dtype)
 
-    def efficient():  # (a mask, if only of ones, sends the call to the efficient kernel)
-        return attention_with_lse(q, k, v, everything, scaling=SCALE)
+    def efficient():
+        return stock_attention._efficient(q, k, v, everything_bias, False, SCALE)
 
     def cudnn():
         out = torch.ops.aten._scaled_dot_product_cudnn_attention(
             q, kr, vr, full_bias, True, 0.0, causal, False, scale=SCALE)
         return out[0], out[1].reshape(q.shape[0], HEADS, q.shape[2])
 
+    def cudnn_packed():
+        return stock_attention._packed(stock_attention._cudnn, q, k, v, bias, SCALE)
+
     found = {"stock": stock, "shipped": shipped, "efficient": efficient, "cudnn": cudnn}
+    if q.shape[2] == 1 and bias is not None:
+        found["cudnn-packed"] = cudnn_packed
     if flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         compiled = torch.compile(flex_attention, dynamic=False)
@@ -154,9 +163,11 @@ def main() -> None:
                 out, lse = fn()
                 row["ms"] = ms(fn)
                 row["ratio"] = base / row["ms"]
-                row["out_err"] = float((out.float() - reference.float()).abs().max())
+                seen = torch.isfinite(want_lse)  # (rows that see no key are left out)
+                row["out_err"] = float((out.float() - reference.float()).abs().amax(-1)[seen]
+                                       .max())
                 if lse is not None:
-                    row["lse_err"] = float((lse.float() - want_lse).abs().max())
+                    row["lse_err"] = float((lse.float() - want_lse)[seen].abs().max())
                 cells.append(f"{name} {row['ms']:.3f} ({row['ratio']:.2f}x, "
                              f"{row['out_err']:.1e}, {row.get('lse_err', 0):.1e})")
             except Exception as error:  # a kernel that refuses the shape: say so, go on

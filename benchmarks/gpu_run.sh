@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check in one command (a lent GPU machine has no network and little time):
 #   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
-#   gpu_lse_kernels.py, mi_serving_shapes.py, gpu_mi_profile.py, gpu_asm.py and
-#   training_steps.py --device cuda. ASM_SECTIONS=decode, MI_MODELS="llama-1b", MI_PATHS="reference auto", SKIP_LSE=1,
+#   gpu_lse_kernels.py, gpu_mi_profile.py, mi_serving_shapes.py, gpu_asm.py and
+#   training_steps.py --device cuda. GPU_TESTS="lse or mixture" (a -k filter), ASM_SECTIONS=decode,
+#   MI_MODELS="llama-1b", MI_PATHS="reference auto", MI_SECONDS=150, SKIP_LSE=1,
 #   SKIP_MI=1, SKIP_PROFILE=1, SKIP_ASM=1, SKIP_TRAINING=1, SKIP_FLA=1 run less. At most 8 files
 #   come back from a lent machine: the logs (tables included) and two JSON-lines files.
 # Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
@@ -36,13 +37,14 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log
     tail -n 40 "$OUT/$name.log"
     echo "## $name: exit $rc after $((SECONDS - start)) s"
 }
-step 110 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 100
+step 110 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 100 \
+    ${GPU_TESTS:+-k "$GPU_TESTS"}
 [ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 benchmarks/gpu_lse_kernels.py
-# shellcheck disable=SC2086  # (MI_MODELS is a list)
-[ "${SKIP_MI:-0}" = 1 ] || step 165 gpu_mi python3 benchmarks/mi_serving_shapes.py --device cuda \
-    --models ${MI_MODELS:-llama-1b smollm2-135m qwen3-moe} --paths ${MI_PATHS:-auto} \
-    --json "$OUT/gpu_mi.jsonl"
 [ "${SKIP_PROFILE:-0}" = 1 ] || step 45 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
+# shellcheck disable=SC2086  # (MI_MODELS and MI_PATHS are lists)
+[ "${SKIP_MI:-0}" = 1 ] || step "${MI_SECONDS:-165}" gpu_mi python3 benchmarks/mi_serving_shapes.py \
+    --device cuda --models ${MI_MODELS:-llama-1b smollm2-135m qwen3-moe} \
+    --paths ${MI_PATHS:-auto} --json "$OUT/gpu_mi.jsonl"
 [ "${SKIP_ASM:-0}" = 1 ] || step 200 gpu_asm python3 benchmarks/gpu_asm.py \
     --sections "${ASM_SECTIONS:-layer,model,loss}" --json "$OUT/gpu_asm.jsonl"
 [ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda

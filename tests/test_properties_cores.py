@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hf_memory.analysis.streaming_topk import StreamingTopK, topk_reference
 from hf_memory.steering.mixture import (
     BankStack,
+    HeadSlots,
     PreparedBank,
     bank_mixture,
     bank_mixture_by_lse,
@@ -365,12 +366,12 @@ def test_mixture_by_the_history_lse_equals_the_bank_level_mixture(case, compute,
         log_count = visible.sum(-1).clamp(min=1).double().log().to(compute)
     else:
         log_count = torch.tensor(float(key.shape[2])).log().to(compute)
+    slots = HeadSlots.of(stack_of(inputs, case, compute), torch.arange(case["heads"]) // group)
     out = bank_mixture_by_lse(
         history.to(compute), torch.logsumexp(scores, -1).to(compute),
-        inputs["q_pre"].to(compute), inputs["q_post"].to(compute),
-        stack_of(inputs, case, compute), kv_index=torch.arange(case["heads"]) // group,
+        inputs["q_pre"].to(compute), inputs["q_post"].to(compute), slots,
         scaling=inputs["scaling"], log_count=log_count, gamma=case["gamma"],
-        size_normalize=case["size_normalize"], strength=strength)
+        size_normalize=case["size_normalize"], strength=strength).transpose(1, 2)
     assert out.dtype == compute and torch.isfinite(out).all()
     want = toward(history, expected, strength)
     tol = compute_tolerance(compute, peak)

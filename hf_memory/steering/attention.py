@@ -10,6 +10,7 @@ heads without a site call the stock function unchanged.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -24,6 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_memory.steering.mixture import (
     BankStack,
+    HeadSlots,
     bank_mixture,
     bank_mixture_by_lse,
     toward,
@@ -51,6 +53,8 @@ class SiteState:
     trace_only: bool = False
     strength: float = 1.0
     path: str = "auto"
+    kv_index: torch.Tensor | None = None  # [Hs] the KV head of each of ``heads``
+    head_slots: HeadSlots | None = None  # the stack gathered for ``heads`` (log-sum-exp path)
 
 
 # The steering of the running call (None: plain). Each thread starts with none; asyncio tasks and
@@ -89,33 +93,33 @@ def _by_lse(site: SiteState, base_name: str, query: torch.Tensor, dropout: float
 
 
 def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
-                  scaling: float, heads: torch.Tensor | None) -> torch.Tensor:
-    """The steered output ``[B, Hs, T, D]`` of the query heads ``heads`` (None: all) from the
-    stock kernel's attention over the history and its log-sum-exp (no copy of the cache in
-    float32: only the bank slots are scored in the compute dtype)."""
+                  scaling: float, subset: bool) -> torch.Tensor:
+    """The steered output ``[B, T, Hs, D]`` (the model's dtype) of the site's query heads (all
+    heads unless ``subset``) from the stock kernel's attention over the history and its
+    log-sum-exp (no copy of the cache in float32: only the bank slots are scored)."""
     q_len, kv_len = query.shape[2], key.shape[2]
     causal_skip = attention_mask is None and q_len in (1, kv_len)
     visible = None if causal_skip else visible_keys(attention_mask, q_len, kv_len, query.device)
-    group = query.shape[1] // key.shape[1]
-    if heads is None:
-        kv_index = torch.arange(query.shape[1], device=query.device) // group
-    else:
-        kv_index = heads // group
-        q_pre, query = q_pre[:, heads], query[:, heads]
+    if subset:
+        q_pre, query = q_pre[:, site.heads], query[:, site.heads]
         if visible is not None and visible.shape[1] != 1:
-            visible = visible[:, heads]
+            visible = visible[:, site.heads]
     history, lse = attention_with_lse(query, key, value, visible, scaling=scaling,
-                                      kv_index=None if heads is None else kv_index)
+                                      kv_index=site.kv_index if subset else None)
+    dtype = site.head_slots.keys_t.dtype
     if not site.size_normalize:
         log_count = 0.0
-    elif visible is None:  # causal: row i of a prefill sees i + 1 keys, a decoded token all
-        count = torch.arange(kv_len - q_len + 1, kv_len + 1, device=query.device)
-        log_count = count.to(site.stack.keys.dtype).log()
+    elif visible is None and q_len == 1:  # a decoded token sees the whole history
+        log_count = math.log(kv_len)
+    elif visible is None:  # causal: row i of a prefill sees i + 1 keys
+        log_count = torch.arange(kv_len - q_len + 1, kv_len + 1, device=query.device,
+                                 dtype=dtype).log_()
     else:
-        log_count = visible.sum(-1).clamp(min=1).to(site.stack.keys.dtype).log()
-    return bank_mixture_by_lse(history, lse, q_pre, query, site.stack, kv_index=kv_index,
-                               scaling=scaling, log_count=log_count, gamma=site.gamma,
-                               size_normalize=site.size_normalize, strength=site.strength)
+        log_count = visible.sum(-1).clamp_(min=1).to(dtype).log_()
+    return bank_mixture_by_lse(history, lse, q_pre, query, site.head_slots, scaling=scaling,
+                               log_count=log_count, gamma=site.gamma,
+                               size_normalize=site.size_normalize, strength=site.strength,
+                               out_dtype=query.dtype)
 
 
 def _steered_attention(base_name: str):
@@ -134,19 +138,18 @@ def _steered_attention(base_name: str):
         (rows, site), *others = groups
         if all(_by_lse(site, base_name, query, dropout, kwargs) for _, site in groups):
             if rows is None and not others and site.all_heads:  # one call, no stock call
-                mixed = _mixed_by_lse(q_pre, query, key, value, attention_mask, site,
-                                      scaling, None)
-                return mixed.transpose(1, 2).to(query.dtype), None
+                return _mixed_by_lse(q_pre, query, key, value, attention_mask, site, scaling,
+                                     subset=False), None
             output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                    dropout=dropout, **kwargs)
             for rows, site in groups:
                 part = slice(None) if rows is None else rows
                 mask = (attention_mask if attention_mask is None or attention_mask.shape[0] == 1
                         else attention_mask[part])
-                mixed = _mixed_by_lse(q_pre[part], query[part], key[part], value[part],
-                                      mask, site, scaling, site.heads)
                 steered = output[part]
-                steered[:, :, site.heads] = mixed.transpose(1, 2).to(output.dtype)
+                steered[:, :, site.heads] = _mixed_by_lse(
+                    q_pre[part], query[part], key[part], value[part], mask, site, scaling,
+                    subset=True).to(output.dtype)
                 output[part] = steered
             return output, weights
         visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)

@@ -35,6 +35,7 @@ from hf_memory.models.transformers_compat import cache_from_kwargs
 from hf_memory.steering.attention import ACTIVE_STEERING, SiteState
 from hf_memory.steering.call_scope import CallScope
 from hf_memory.steering.host import acquire_host, release_host
+from hf_memory.steering.mixture import HeadSlots
 from hf_memory.steering.site_plan import plan_sites
 
 __all__ = ["RowSteering", "SteeringHandle", "check_strength", "is_per_row", "steer",
@@ -116,11 +117,11 @@ class SteeringHandle(CallSteering):
             selector, the dial scales the selector's own calibrated strength (1: as calibrated).
         mixture_path: ``"auto"`` (default) merges the banks into the model's own attention
             kernel's output through its log-sum-exp where such a kernel exists for the device
-            and dtype (:mod:`hf_memory.steering.stock_attention`; SDPA models without soft-caps or
-            sinks); ``"reference"`` always recomputes the history's scores beside it in the
-            compute dtype (:func:`hf_memory.steering.mixture.bank_mixture`). Both give the same
-            mixture
-            up to rounding.
+            and dtype (:mod:`hf_memory.steering.stock_attention`: CPU, and CUDA in float32 and
+            half precision; SDPA models without soft-caps or sinks); ``"reference"`` always
+            recomputes the history's scores beside it in the compute dtype
+            (:func:`hf_memory.steering.mixture.bank_mixture`). Both give the same mixture up
+            to rounding.
         active: activate the steering in the calling context now (default).
     """
 
@@ -185,15 +186,22 @@ class SteeringHandle(CallSteering):
             device=parameter.device, dtype=torch.promote_types(parameter.dtype, torch.float32),
             layers=layers, units=units, unit_type=unit_type, layer_gains=gains, gamma=gamma,
             size_normalize=normalize)
-        sites = {layer: SiteState(
-            heads=torch.tensor(plan.heads, device=parameter.device, dtype=torch.long),
-            stack=plan.stack, all_heads=len(plan.heads) == self._heads,
-            gamma=plan.gamma, size_normalize=plan.size_normalize,
-            record_routing=self._record_routing, trace_only=self._trace_only,
-            strength=self._site_strength, path=self._mixture_path)
-            for layer, plan in plans.items()}
+        sites = {layer: self._site_state(plan, parameter.device) for layer, plan in plans.items()}
         self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
         self._publish(sites)
+
+    def _site_state(self, plan, device: torch.device) -> SiteState:
+        heads = torch.tensor(plan.heads, device=device, dtype=torch.long)
+        kv_index = head_slots = None
+        if plan.stack is not None:
+            kv_index = heads // (self._heads // plan.stack.keys.shape[0])
+            head_slots = HeadSlots.of(plan.stack, kv_index)
+        return SiteState(
+            heads=heads, stack=plan.stack, all_heads=len(plan.heads) == self._heads,
+            gamma=plan.gamma, size_normalize=plan.size_normalize,
+            record_routing=self._record_routing, trace_only=self._trace_only,
+            strength=self._site_strength, path=self._mixture_path, kv_index=kv_index,
+            head_slots=head_slots)
 
     @property
     def _site_strength(self) -> float:

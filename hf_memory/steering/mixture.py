@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BankStack", "PreparedBank", "bank_mixture", "bank_mixture_by_lse",
+__all__ = ["BankStack", "HeadSlots", "PreparedBank", "bank_mixture", "bank_mixture_by_lse",
            "bank_mixture_over", "toward", "visible_keys"]
 
 
@@ -351,19 +351,66 @@ def bank_mixture_over(
                                                                                     t, d)
 
 
+@dataclass(frozen=True)
+class HeadSlots:
+    """A layer's bank slots gathered for a set of query heads, with the contrastive gate folded
+    into two per-column constants: what :func:`bank_mixture_by_lse` needs, built once per
+    steering (:meth:`of`) so that a decoding step gathers nothing.
+
+    The gate adds ρλ₊σ(γΔ) to the target columns and −ρλ₋σ(−γΔ) = −ρλ₋ + ρλ₋σ(γΔ) to the
+    reference ones, so the slot logits are ``raw + base + σ(γΔ) · swing`` with
+    ``base = bias − ρλ₋·[reference]`` and ``swing = ρλ₊·[target] + ρλ₋·[reference]``.
+
+    Attributes:
+        keys_t: ``[Hs, D, M]`` each head's slot keys, transposed for the product.
+        values: ``[Hs, M, D]``.
+        base: ``[M]`` the static slot bias with the gate's constant part.
+        swing: ``[M]`` the gate's per-column weight (None: no target/reference pair).
+        target, reference: the two banks' column slices (None without the gate).
+        gate_offset: log M₊ − log M₋ (Δ = lse₊ − lse₋ − gate_offset).
+        post_columns: ``[M]`` bool, columns scored with the post-RoPE query (None: none).
+    """
+
+    keys_t: torch.Tensor
+    values: torch.Tensor
+    base: torch.Tensor
+    swing: torch.Tensor | None
+    target: slice | None
+    reference: slice | None
+    gate_offset: float
+    post_columns: torch.Tensor | None
+
+    @classmethod
+    def of(cls, stack: BankStack, kv_index: torch.Tensor) -> HeadSlots:
+        """``stack``'s slots for the query heads whose KV heads are ``kv_index`` ``[Hs]``."""
+        base, swing, target, reference, offset = stack.bias, None, None, None, 0.0
+        if stack.gate is not None:
+            target, reference, target_gain, reference_gain, log_target, log_reference = (
+                stack.gate)
+            swing = torch.zeros_like(stack.bias)
+            swing[target], swing[reference] = target_gain, reference_gain
+            base = stack.bias.clone()
+            base[reference] -= reference_gain
+            offset = log_target - log_reference
+        return cls(keys_t=stack.keys[kv_index].transpose(-1, -2).contiguous(),
+                   values=stack.values[kv_index].contiguous(), base=base, swing=swing,
+                   target=target, reference=reference, gate_offset=offset,
+                   post_columns=stack.post_columns)
+
+
 def bank_mixture_by_lse(
     history: torch.Tensor,
     lse: torch.Tensor,
     q_pre: torch.Tensor,
     q_post: torch.Tensor,
-    stack: BankStack,
+    slots: HeadSlots,
     *,
-    kv_index: torch.Tensor,
     scaling: float,
     log_count: torch.Tensor | float = 0.0,
     gamma: float = 1.0,
     size_normalize: bool = True,
     strength: float = 1.0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """:func:`bank_mixture`'s output from the stock attention's output over the history and its
     log-sum-exp, without touching the history's keys or values again.
@@ -372,7 +419,9 @@ def bank_mixture_by_lse(
     of it enters as one column of logit ``lse − log T_t`` (its total evidence) and value
     ``history`` (its softmax read), so a steered layer costs the stock attention plus products
     with the bank slots, independent of the context length. Moved the fraction ``strength`` of
-    the way from ``history`` as :func:`bank_mixture_over` does.
+    the way from ``history`` as :func:`bank_mixture_over` does. Written for few kernels (a
+    decoding step of a contrastive pair: about fifteen): nothing gathered per step, the gate as
+    two constants (:class:`HeadSlots`), the history's weight and read in one ``addcmul``.
 
     Args:
         history: the stock attention's output ``[B, Hs, T, D]`` for the steered query heads, in
@@ -380,38 +429,50 @@ def bank_mixture_by_lse(
         lse: the log-sum-exp of the history's scaled scores ``[B, Hs, T]``, −inf for a query row
             that sees no key (it reads the banks only).
         q_pre, q_post: pre- and post-RoPE queries ``[B, Hs, T, D]`` of those heads.
-        stack: the banks at this layer (KV-head major, ``[KVH, M, D]``).
-        kv_index: ``[Hs]`` the KV head of each steered query head (heads by indexing: the slot
-            keys of a head's KV group are gathered, a few dozen rows each).
+        slots: the banks at this layer for those heads (:meth:`HeadSlots.of`).
         log_count: log T_t, the log of each row's count of visible keys, broadcastable to
             ``[B, Hs, T]`` (used when ``size_normalize``).
         gamma, size_normalize: as in :func:`bank_mixture` (no soft-cap: callers with one use
             :func:`bank_mixture` or :func:`bank_mixture_over`).
+        out_dtype: the output's dtype (None: the banks' compute dtype).
 
     Returns:
-        ``[B, Hs, T, D]`` in the banks' compute dtype.
+        ``[B, T, Hs, D]`` (the layout attention returns) in ``out_dtype``.
     """
     b, heads, t, d = q_post.shape
-    dtype = stack.keys.dtype
-    slot_keys = stack.keys[kv_index].transpose(-1, -2)  # [Hs, D, M]
+    dtype = slots.keys_t.dtype
 
-    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, Hs, T, ·] → [Hs, B·T, ·]
-        return x.to(dtype).transpose(0, 1).reshape(heads, b * t, x.shape[-1])
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, Hs, T, ·] → [Hs, B·T, ·] in dtype
+        return x.transpose(0, 1).reshape(heads, b * t, x.shape[-1]).to(dtype)
 
-    if stack.post_columns is None and stack.gate is None:
-        slots = torch.baddbmm(stack.bias, rows(q_pre), slot_keys, alpha=scaling)  # one kernel
+    if slots.post_columns is None and slots.swing is None:  # one kernel
+        slot_logits = torch.baddbmm(slots.base, rows(q_pre), slots.keys_t, alpha=scaling)
     else:
-        raw = _by_rotation(lambda: torch.bmm(rows(q_pre), slot_keys) * scaling,
-                           lambda: torch.bmm(rows(q_post), slot_keys) * scaling,
-                           stack.post_columns)
-        slots = _gated(raw, stack, gamma)
-    evidence = lse.to(dtype)
+        def product(x):  # scaled raw scores (baddbmm ignores its first input at beta 0)
+            return torch.baddbmm(slots.base, rows(x), slots.keys_t, beta=0.0, alpha=scaling)
+
+        raw = _by_rotation(lambda: product(q_pre), lambda: product(q_post), slots.post_columns)
+        slot_logits = raw + slots.base
+        if slots.swing is not None:
+            gap = (torch.logsumexp(raw[..., slots.target], -1, keepdim=True)
+                   - torch.logsumexp(raw[..., slots.reference], -1, keepdim=True))
+            if slots.gate_offset:
+                gap = gap - slots.gate_offset
+            if gamma != 1.0:
+                gap = gap * gamma
+            slot_logits = torch.addcmul(slot_logits, torch.sigmoid(gap), slots.swing)
+    evidence = lse.to(dtype).transpose(0, 1).reshape(heads, b * t, 1)
     if size_normalize:
+        if isinstance(log_count, torch.Tensor):
+            log_count = log_count.expand(b, heads, t).transpose(0, 1).reshape(heads, b * t, 1)
         evidence = evidence - log_count
-    evidence = evidence.expand(b, heads, t).transpose(0, 1).reshape(heads, b * t, 1)
-    weights = torch.softmax(torch.cat([evidence, slots], -1), -1)
+    weights = torch.softmax(torch.cat([evidence, slot_logits], -1), -1)
+    # toward(h, w0 h + Σ w_m v_m, s) = (1 − s + s w0) h + s Σ w_m v_m
     mass = weights[..., :1]
     keep = mass if strength == 1.0 else mass * strength + (1 - strength)
-    mixed = torch.baddbmm(keep * rows(history), weights[..., 1:], stack.values[kv_index],
-                          alpha=strength)
-    return mixed.view(heads, b, t, d).transpose(0, 1)
+    read = torch.bmm(weights[..., 1:], slots.values)
+    if strength != 1.0:
+        read = read * strength
+    mixed = torch.addcmul(read.view(heads, b, t, d), keep.view(heads, b, t, 1),
+                          history.transpose(0, 1))
+    return mixed.permute(1, 2, 0, 3).to(out_dtype or dtype, memory_format=torch.contiguous_format)

@@ -5,20 +5,23 @@ the model's own attention computes, and :func:`hf_memory.steering.mixture.bank_m
 merges the banks into that output through the history's log-sum-exp. This module runs that
 attention in the model's dtype with the fused kernel ``torch.nn.functional.
 scaled_dot_product_attention`` dispatches to, asking it for the log-sum-exp it computes anyway
-(the public function discards it):
+(the public function discards it). Chosen by ``benchmarks/gpu_lse_kernels.py`` (H200, bf16,
+Llama-1B heads; BENCHMARKS.md "The history through the stock kernel on a GPU"):
 
 * CPU: ``aten._scaled_dot_product_flash_attention_for_cpu`` (float32/64, bf16, fp16);
-* CUDA: ``aten._scaled_dot_product_flash_attention`` for bf16/fp16 without a mask (SDPA's own
-  choice there), ``aten._scaled_dot_product_efficient_attention`` with a mask or in float32
-  (SDPA's choice with a mask; it reads the mask in rows aligned to 16 elements, so one that is
-  not is copied into such rows, as SDPA does). Measured against the alternatives (cuDNN's
-  kernel, flex attention's ``return_lse``) by ``benchmarks/gpu_lse_kernels.py``.
+* CUDA, bf16/fp16 without a mask: ``aten._scaled_dot_product_flash_attention``, grouped-query
+  heads in the kernel (SDPA's own choice there);
+* CUDA, bf16/fp16 with a mask: cuDNN's attention (``aten._scaled_dot_product_cudnn_attention``,
+  what SDPA runs there on Hopper; the memory-efficient kernel measured 3x slower at decoding);
+* CUDA otherwise (float32, or cuDNN's attention unavailable):
+  ``aten._scaled_dot_product_efficient_attention``.
 
-Grouped-query heads are handled as transformers' SDPA path does: a single query token packs a
-KV group's heads as rows (no copy of the cache), longer queries read the KV heads gathered per
-query head. Where no kernel applies (float64 on CUDA, other devices), :func:`lse_kernel_available`
-says so and steering recomputes the history beside the stock call
-(:func:`hf_memory.steering.mixture.bank_mixture`), as before.
+The kernels that take a mask read it in rows aligned to 16 elements; one that is not is copied
+into such rows, as SDPA does. Grouped-query heads elsewhere are handled as transformers' SDPA
+path does: a single query token packs a KV group's heads as rows (no copy of the cache), longer
+queries read the KV heads repeated per query head. Where no kernel applies (float64 on CUDA,
+other devices), :func:`lse_kernel_available` says so and steering recomputes the history beside
+the stock call (:func:`hf_memory.steering.mixture.bank_mixture`), as before.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ __all__ = ["attention_with_lse", "lse_kernel_available"]
 
 _CPU_KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _CUDA_FLASH = torch.ops.aten._scaled_dot_product_flash_attention
+_CUDA_CUDNN = torch.ops.aten._scaled_dot_product_cudnn_attention
 _CUDA_EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention
 _KERNEL_DTYPES = {
     "cpu": (torch.float32, torch.float64, torch.bfloat16, torch.float16),
     "cuda": (torch.float32, torch.bfloat16, torch.float16),
 }
-_FLASH_DTYPES = (torch.bfloat16, torch.float16)
-_BIAS_ALIGNMENT = 16  # elements per row of the memory-efficient kernel's bias
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
+_BIAS_ALIGNMENT = 16  # elements per row of a fused kernel's bias
 
 
 def lse_kernel_available(query: torch.Tensor) -> bool:
@@ -68,54 +72,98 @@ def attention_with_lse(
         ``(output [B, Hs, T, D]`` in the query's dtype, ``lse [B, Hs, T]`` in float32, or
         float64 for float64 queries). A row that sees no key gets output 0 and lse −inf.
     """
-    b, heads, t, d = query.shape
-    kv_heads = key.shape[1]
-    mask = None if visible is None else _additive(visible, query.dtype)
-    if kv_index is None and t == 1 and heads != kv_heads:
-        # one token: a KV group's query heads are the rows of one query (no copy of the cache)
-        group = heads // kv_heads
-        if mask is not None:
-            mask = mask.reshape(mask.shape[0], kv_heads if mask.shape[1] != 1 else 1, -1,
-                                mask.shape[-1])
-        output, lse = _fused(query.reshape(b, kv_heads, group, d), key, value, mask, False,
-                             scaling)
-        output, lse = output.reshape(b, heads, 1, d), lse.reshape(b, heads, 1)
-    else:
-        if kv_index is not None:
-            key, value = key[:, kv_index], value[:, kv_index]
-        elif heads != kv_heads:
-            key = key.repeat_interleave(heads // kv_heads, dim=1)
-            value = value.repeat_interleave(heads // kv_heads, dim=1)
-        causal = mask is None and t > 1
-        if causal and key.shape[2] != t:
-            raise ValueError("attention_with_lse: a multi-token query over a longer history "
-                             "needs its visibility mask")
-        output, lse = _fused(query, key, value, mask, causal, scaling)
-    if visible is not None:
-        blind = ~visible.any(-1)
+    t = query.shape[2]
+    causal = visible is None and t > 1
+    if causal and key.shape[2] != t:
+        raise ValueError("attention_with_lse: a multi-token query over a longer history "
+                         "needs its visibility mask")
+    if kv_index is not None:  # a subset of heads: their KV heads gathered, one per query head
+        key, value = key[:, kv_index], value[:, kv_index]
+    hidden = None if visible is None else ~visible
+    mask = None if hidden is None else _additive(hidden, query.dtype)
+    output, lse = _kernel_for(query, mask)(query, key, value, mask, causal, scaling)
+    if hidden is not None:
+        blind = hidden.all(-1)
         lse = lse.masked_fill(blind, float("-inf"))
         if query.device.type != "cpu":  # (the CUDA kernels leave such a row undefined)
             output = output.masked_fill(blind[..., None], 0.0)
     return output, lse
 
 
-def _fused(query, key, value, mask, causal: bool, scaling: float):
-    """``(output, lse [B, H, T])`` from the fused kernel for ``query``'s device (module
-    docstring); ``mask`` additive, broadcastable to ``[B, H, T, S]``."""
+def _kernel_for(query: torch.Tensor, mask: torch.Tensor | None):
+    """The fused kernel for ``query``'s device, dtype and mask (module docstring)."""
     if query.device.type == "cpu":
-        return _CPU_KERNEL(query, key, value, 0.0, causal, attn_mask=mask, scale=scaling)
-    if mask is None and query.dtype in _FLASH_DTYPES:
-        output, lse, *_ = _CUDA_FLASH(query, key, value, 0.0, causal, False, scale=scaling)
-        return output, lse
-    if mask is not None:
-        mask = _aligned(mask).expand(*query.shape[:3], key.shape[2])
-    output, lse, *_ = _CUDA_EFFICIENT(query, key, value, mask, True, 0.0, causal, scale=scaling)
+        return _on_cpu
+    if query.dtype in _HALF_DTYPES:
+        if mask is None:
+            return _flash
+        if _cudnn_available(query):
+            return _cudnn
+    return _efficient
+
+
+def _cudnn_available(query: torch.Tensor) -> bool:
+    return (torch.backends.cudnn.is_available() and torch.backends.cuda.cudnn_sdp_enabled()
+            and torch.cuda.get_device_capability(query.device) >= (9, 0)
+            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128)
+
+
+def _on_cpu(query, key, value, mask, causal: bool, scaling: float):
+    if query.shape[2] == 1 and query.shape[1] != key.shape[1]:
+        return _packed(_on_cpu, query, key, value, mask, scaling)
+    key, value = _repeated(key, query.shape[1]), _repeated(value, query.shape[1])
+    return _CPU_KERNEL(query, key, value, 0.0, causal, attn_mask=mask, scale=scaling)
+
+
+def _flash(query, key, value, mask, causal: bool, scaling: float):
+    output, lse, *_ = _CUDA_FLASH(query, key, value, 0.0, causal, False, scale=scaling)
+    return output, lse
+
+
+def _cudnn(query, key, value, mask, causal: bool, scaling: float):
+    key, value = _repeated(key, query.shape[1]), _repeated(value, query.shape[1])
+    output, lse, *_ = _CUDA_CUDNN(query, key, value, _bias(mask, query, key), True, 0.0,
+                                  causal, False, scale=scaling)
+    return output, lse.reshape(query.shape[:3])
+
+
+def _efficient(query, key, value, mask, causal: bool, scaling: float):
+    if query.shape[2] == 1 and query.shape[1] != key.shape[1]:
+        return _packed(_efficient, query, key, value, mask, scaling)
+    key, value = _repeated(key, query.shape[1]), _repeated(value, query.shape[1])
+    output, lse, *_ = _CUDA_EFFICIENT(query, key, value, _bias(mask, query, key), True, 0.0,
+                                      causal, scale=scaling)
     return output, lse[..., :query.shape[2]]  # (its lse is padded to a multiple of 32 rows)
+
+
+def _packed(kernel, query, key, value, mask, scaling: float):
+    """One query token: a KV group's query heads as the rows of one query (no copy of the
+    cache), through ``kernel``."""
+    b, heads, _, d = query.shape
+    kv_heads = key.shape[1]
+    if mask is not None:
+        mask = mask.reshape(mask.shape[0], kv_heads if mask.shape[1] != 1 else 1, -1,
+                            mask.shape[-1])
+    output, lse = kernel(query.reshape(b, kv_heads, heads // kv_heads, d), key, value, mask,
+                         False, scaling)
+    return output.reshape(b, heads, 1, d), lse.reshape(b, heads, 1)
+
+
+def _repeated(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """KV heads repeated to one per query head (transformers' ``repeat_kv``)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def _bias(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor):
+    """The additive mask as a CUDA kernel's bias: aligned rows, broadcast to ``[B, H, T, S]``."""
+    if mask is None:
+        return None
+    return _aligned(mask).expand(*query.shape[:3], key.shape[2])
 
 
 def _aligned(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` itself if its rows start at multiples of 16 elements, else a copy laid out so
-    (the memory-efficient kernel's requirement; SDPA copies the same way)."""
+    (the fused kernels' requirement; SDPA copies the same way)."""
     if all(stride % _BIAS_ALIGNMENT == 0 for stride in mask.stride()[:-1]):
         return mask
     width = -(-mask.shape[-1] // _BIAS_ALIGNMENT) * _BIAS_ALIGNMENT
@@ -123,7 +171,7 @@ def _aligned(mask: torch.Tensor) -> torch.Tensor:
     return rows.copy_(mask)
 
 
-def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The boolean visibility as the additive mask the fused kernel takes (0 / −inf)."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
-        ~visible, float("-inf"))
+def _additive(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask of hidden keys as the additive mask the fused kernels take (0 / −inf)."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
+        hidden, float("-inf"))
