@@ -96,7 +96,8 @@ def candidates(q, k, v, visible, causal: bool, flex: bool):
     everything_bias = stock_attention._additive(~everything, q.dtype)
 
     def efficient():
-        return stock_attention._efficient(q, k, v, everything_bias, False, SCALE)
+        return stock_attention._by_groups(stock_attention._efficient)(q, k, v, everything_bias,
+                                                                      False, SCALE)
 
     def cudnn():
         out = torch.ops.aten._scaled_dot_product_cudnn_attention(
@@ -104,7 +105,7 @@ def candidates(q, k, v, visible, causal: bool, flex: bool):
         return out[0], out[1].reshape(q.shape[0], HEADS, q.shape[2])
 
     def cudnn_packed():
-        return stock_attention._packed(stock_attention._cudnn, q, k, v, bias, SCALE)
+        return stock_attention._by_groups(stock_attention._cudnn)(q, k, v, bias, False, SCALE)
 
     found = {"stock": stock, "shipped": shipped, "efficient": efficient, "cudnn": cudnn}
     if q.shape[2] == 1 and bias is not None:

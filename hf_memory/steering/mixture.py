@@ -369,6 +369,7 @@ class HeadSlots:
         target, reference: the two banks' column slices (None without the gate).
         gate_offset: log M₊ − log M₋ (Δ = lse₊ − lse₋ − gate_offset).
         post_columns: ``[M]`` bool, columns scored with the post-RoPE query (None: none).
+        all_post: every column is (decided here, not by a device sync at each step).
     """
 
     keys_t: torch.Tensor
@@ -379,6 +380,7 @@ class HeadSlots:
     reference: slice | None
     gate_offset: float
     post_columns: torch.Tensor | None
+    all_post: bool
 
     @classmethod
     def of(cls, stack: BankStack, kv_index: torch.Tensor) -> HeadSlots:
@@ -395,7 +397,8 @@ class HeadSlots:
         return cls(keys_t=stack.keys[kv_index].transpose(-1, -2).contiguous(),
                    values=stack.values[kv_index].contiguous(), base=base, swing=swing,
                    target=target, reference=reference, gate_offset=offset,
-                   post_columns=stack.post_columns)
+                   post_columns=stack.post_columns,
+                   all_post=stack.post_columns is not None and bool(stack.post_columns.all()))
 
 
 def bank_mixture_by_lse(
@@ -451,7 +454,12 @@ def bank_mixture_by_lse(
         def product(x):  # scaled raw scores (baddbmm ignores its first input at beta 0)
             return torch.baddbmm(slots.base, rows(x), slots.keys_t, beta=0.0, alpha=scaling)
 
-        raw = _by_rotation(lambda: product(q_pre), lambda: product(q_post), slots.post_columns)
+        if slots.post_columns is None:
+            raw = product(q_pre)
+        elif slots.all_post:
+            raw = product(q_post)
+        else:
+            raw = torch.where(slots.post_columns, product(q_post), product(q_pre))
         slot_logits = raw + slots.base
         if slots.swing is not None:
             gap = (torch.logsumexp(raw[..., slots.target], -1, keepdim=True)

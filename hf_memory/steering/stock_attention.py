@@ -12,14 +12,14 @@ Llama-1B heads; BENCHMARKS.md "The history through the stock kernel on a GPU"):
 * CUDA, bf16/fp16 without a mask: ``aten._scaled_dot_product_flash_attention``, grouped-query
   heads in the kernel (SDPA's own choice there);
 * CUDA, bf16/fp16 with a mask: cuDNN's attention (``aten._scaled_dot_product_cudnn_attention``,
-  what SDPA runs there on Hopper; the memory-efficient kernel measured 3x slower at decoding);
+  what SDPA runs there on Hopper; the memory-efficient kernel measured 1.2-5x slower);
 * CUDA otherwise (float32, or cuDNN's attention unavailable):
   ``aten._scaled_dot_product_efficient_attention``.
 
 The kernels that take a mask read it in rows aligned to 16 elements; one that is not is copied
-into such rows, as SDPA does. Grouped-query heads elsewhere are handled as transformers' SDPA
-path does: a single query token packs a KV group's heads as rows (no copy of the cache), longer
-queries read the KV heads repeated per query head. Where no kernel applies (float64 on CUDA,
+into such rows, as SDPA does. Grouped-query heads elsewhere (:func:`_by_groups`): a single query
+token packs a KV group's heads as rows (no copy of the cache), longer queries read the KV heads
+repeated per query head, as transformers' SDPA path does. Where no kernel applies (float64 on CUDA,
 other devices), :func:`lse_kernel_available` says so and steering recomputes the history beside
 the stock call (:func:`hf_memory.steering.mixture.bank_mixture`), as before.
 """
@@ -93,13 +93,13 @@ def attention_with_lse(
 def _kernel_for(query: torch.Tensor, mask: torch.Tensor | None):
     """The fused kernel for ``query``'s device, dtype and mask (module docstring)."""
     if query.device.type == "cpu":
-        return _on_cpu
+        return _by_groups(_on_cpu)
     if query.dtype in _HALF_DTYPES:
         if mask is None:
-            return _flash
+            return _flash  # (grouped-query heads in the kernel)
         if _cudnn_available(query):
-            return _cudnn
-    return _efficient
+            return _by_groups(_cudnn)
+    return _by_groups(_efficient)
 
 
 def _cudnn_available(query: torch.Tensor) -> bool:
@@ -108,10 +108,31 @@ def _cudnn_available(query: torch.Tensor) -> bool:
             and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128)
 
 
+def _by_groups(kernel):
+    """``kernel`` (as many KV heads as query heads) on grouped-query heads: a single query token
+    packs a KV group's query heads as the rows of one query (no copy of the cache; on the H200
+    cuDNN's attention ran 1.4x faster so than on repeated KV heads at batch 32, not counting the
+    copy), a longer query reads the KV heads repeated (transformers' ``repeat_kv``)."""
+    def grouped(query, key, value, mask, causal: bool, scaling: float):
+        b, heads, t, d = query.shape
+        kv_heads = key.shape[1]
+        if heads == kv_heads:
+            return kernel(query, key, value, mask, causal, scaling)
+        group = heads // kv_heads
+        if t > 1:
+            key, value = (x.repeat_interleave(group, dim=1) for x in (key, value))
+            return kernel(query, key, value, mask, causal, scaling)
+        if mask is not None:
+            mask = mask.reshape(mask.shape[0], kv_heads if mask.shape[1] != 1 else 1, -1,
+                                mask.shape[-1])
+        output, lse = kernel(query.reshape(b, kv_heads, group, d), key, value, mask, False,
+                             scaling)
+        return output.reshape(b, heads, 1, d), lse.reshape(b, heads, 1)
+
+    return grouped
+
+
 def _on_cpu(query, key, value, mask, causal: bool, scaling: float):
-    if query.shape[2] == 1 and query.shape[1] != key.shape[1]:
-        return _packed(_on_cpu, query, key, value, mask, scaling)
-    key, value = _repeated(key, query.shape[1]), _repeated(value, query.shape[1])
     return _CPU_KERNEL(query, key, value, 0.0, causal, attn_mask=mask, scale=scaling)
 
 
@@ -121,37 +142,15 @@ def _flash(query, key, value, mask, causal: bool, scaling: float):
 
 
 def _cudnn(query, key, value, mask, causal: bool, scaling: float):
-    key, value = _repeated(key, query.shape[1]), _repeated(value, query.shape[1])
     output, lse, *_ = _CUDA_CUDNN(query, key, value, _bias(mask, query, key), True, 0.0,
                                   causal, False, scale=scaling)
     return output, lse.reshape(query.shape[:3])
 
 
 def _efficient(query, key, value, mask, causal: bool, scaling: float):
-    if query.shape[2] == 1 and query.shape[1] != key.shape[1]:
-        return _packed(_efficient, query, key, value, mask, scaling)
-    key, value = _repeated(key, query.shape[1]), _repeated(value, query.shape[1])
     output, lse, *_ = _CUDA_EFFICIENT(query, key, value, _bias(mask, query, key), True, 0.0,
                                       causal, scale=scaling)
     return output, lse[..., :query.shape[2]]  # (its lse is padded to a multiple of 32 rows)
-
-
-def _packed(kernel, query, key, value, mask, scaling: float):
-    """One query token: a KV group's query heads as the rows of one query (no copy of the
-    cache), through ``kernel``."""
-    b, heads, _, d = query.shape
-    kv_heads = key.shape[1]
-    if mask is not None:
-        mask = mask.reshape(mask.shape[0], kv_heads if mask.shape[1] != 1 else 1, -1,
-                            mask.shape[-1])
-    output, lse = kernel(query.reshape(b, kv_heads, heads // kv_heads, d), key, value, mask,
-                         False, scaling)
-    return output.reshape(b, heads, 1, d), lse.reshape(b, heads, 1)
-
-
-def _repeated(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """KV heads repeated to one per query head (transformers' ``repeat_kv``)."""
-    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 def _bias(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor):
