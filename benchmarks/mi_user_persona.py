@@ -1,6 +1,6 @@
 """A user's own persona, calibrated with the default call, against the prompt and CAA.
 
-Personas the project never shipped (``benchmarks/data/user_personas.json``: three traits, both
+Personas the project never shipped (``benchmarks/data/user_personas.json``: four traits, both
 directions, 32 hand-written (question, high reply, low reply) items each). Per direction the
 first ``--calibration`` items calibrate, the rest are held out. Methods, all scored on the
 held-out items only (margin shift against plain, nats, and the cost: ΔNLL per token of the
