@@ -93,13 +93,13 @@ def attention_with_lse(
 def _kernel_for(query: torch.Tensor, mask: torch.Tensor | None):
     """The fused kernel for ``query``'s device, dtype and mask (module docstring)."""
     if query.device.type == "cpu":
-        return _by_groups(_on_cpu)
+        return _GROUPED_CPU
     if query.dtype in _HALF_DTYPES:
         if mask is None:
             return _flash  # (grouped-query heads in the kernel)
         if _cudnn_available(query):
-            return _by_groups(_cudnn)
-    return _by_groups(_efficient)
+            return _GROUPED_CUDNN
+    return _GROUPED_EFFICIENT
 
 
 def _cudnn_available(query: torch.Tensor) -> bool:
@@ -111,8 +111,8 @@ def _cudnn_available(query: torch.Tensor) -> bool:
 def _by_groups(kernel):
     """``kernel`` (as many KV heads as query heads) on grouped-query heads: a single query token
     packs a KV group's query heads as the rows of one query (no copy of the cache; on the H200
-    cuDNN's attention ran 1.4x faster so than on repeated KV heads at batch 32, not counting the
-    copy), a longer query reads the KV heads repeated (transformers' ``repeat_kv``)."""
+    cuDNN's attention ran so 1.4x faster than on repeated KV heads at batch 32, not counting
+    the copy), a longer query reads the KV heads repeated (transformers' ``repeat_kv``)."""
     def grouped(query, key, value, mask, causal: bool, scaling: float):
         b, heads, t, d = query.shape
         kv_heads = key.shape[1]
@@ -151,6 +151,9 @@ def _efficient(query, key, value, mask, causal: bool, scaling: float):
     output, lse, *_ = _CUDA_EFFICIENT(query, key, value, _bias(mask, query, key), True, 0.0,
                                       causal, scale=scaling)
     return output, lse[..., :query.shape[2]]  # (its lse is padded to a multiple of 32 rows)
+
+
+_GROUPED_CPU, _GROUPED_CUDNN, _GROUPED_EFFICIENT = map(_by_groups, (_on_cpu, _cudnn, _efficient))
 
 
 def _bias(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor):
