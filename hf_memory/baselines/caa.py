@@ -34,7 +34,7 @@ from hf_memory.artifacts.atomic_files import write_json, write_safetensors, writ
 from hf_memory.models.adapters import get_adapter
 from hf_memory.models.fingerprint import check_fingerprint, model_fingerprint
 from hf_memory.models.transformers_compat import cache_from_kwargs
-from hf_memory.steering.call_scope import CallScope
+from hf_memory.steering.call_scope import CallScope, InUse
 
 __all__ = ["CAAHandle", "CAAVectors", "apply_caa"]
 
@@ -163,6 +163,7 @@ class CAAVectors:
 # the hooks on the shared model add a vector only for the context (thread / asyncio task) that
 # activated their handle.
 _ACTIVE_CAA: ContextVar[tuple[CAAHandle, ...]] = ContextVar("hf_memory_caa", default=())
+_CAA_IN_USE = InUse()
 
 
 class CAAHandle(CallScope):
@@ -171,6 +172,7 @@ class CAAHandle(CallScope):
     using the same model stay plain."""
 
     variable = _ACTIVE_CAA
+    in_use = _CAA_IN_USE
     what = "CAA handle"
 
     def __init__(self, model: nn.Module, vectors: CAAVectors, *, scale: float | None = None,
@@ -198,13 +200,18 @@ class CAAHandle(CallScope):
     def _activated(self, current: tuple[CAAHandle, ...]) -> tuple[CAAHandle, ...]:
         return (*current, self)  # CAA handles stack: each adds its vectors
 
+    def _applies(self) -> bool:
+        """Whether the running call is under this handle (no context lookup while no CAA
+        handle is live anywhere, so plain calls stay traceable by ``torch.compile``)."""
+        return self.in_use.any and self.live and self in self.variable.get()
+
     def _track_position(self, _module, _args, kwargs) -> None:
-        if self in self.variable.get():
+        if self._applies():
             cache = cache_from_kwargs(kwargs)
             self._offset.value = 0 if cache is None else cache.get_seq_length()
 
     def _add(self, output, delta: torch.Tensor):
-        if self not in self.variable.get():
+        if not self._applies():
             return None  # another call's model: unchanged
         hidden = output if isinstance(output, torch.Tensor) else output[0]
         offset = getattr(self._offset, "value", 0)

@@ -23,6 +23,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from hf_memory.steering.call_scope import InUse
 from hf_memory.steering.mixture import (
     BankStack,
     HeadSlots,
@@ -33,7 +34,8 @@ from hf_memory.steering.mixture import (
 )
 from hf_memory.steering.stock_attention import attention_with_lse, lse_kernel_available
 
-__all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "SiteState"]
+__all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "STEERING_IN_USE",
+           "SiteState", "running_steering"]
 
 BASE_IMPLEMENTATIONS = ("sdpa", "eager")
 IMPL_PREFIX = "hf_memory_"
@@ -61,6 +63,17 @@ class SiteState:
 # contextvars.copy_context() carry the one of the context that started them.
 # (its value: a hf_memory.steering.handle.CallSteering)
 ACTIVE_STEERING: ContextVar[Any] = ContextVar("hf_memory_steering", default=None)
+STEERING_IN_USE = InUse()  # live activations of memory steerings, any context
+
+
+def running_steering() -> Any:
+    """The running call's memory steering, or None; no context lookup while no steering is
+    live anywhere (what keeps a plain call through a model with steering installed traceable
+    by ``torch.compile``)."""
+    if not STEERING_IN_USE.any:
+        return None
+    handle = ACTIVE_STEERING.get()
+    return handle if handle is not None and handle.live else None
 
 
 def _base_attention(name: str, module: nn.Module):
@@ -126,7 +139,7 @@ def _steered_attention(base_name: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
         base = _base_attention(base_name, module)
-        handle = ACTIVE_STEERING.get()
+        handle = running_steering()
         groups = () if handle is None else handle._groups(module)
         if not groups:
             return base(module, query, key, value, attention_mask, scaling=scaling,

@@ -32,7 +32,7 @@ from hf_memory.banks.bank import MemoryBank
 from hf_memory.banks.bank_set import BankSet
 from hf_memory.models.adapters import get_adapter
 from hf_memory.models.transformers_compat import cache_from_kwargs
-from hf_memory.steering.attention import ACTIVE_STEERING, SiteState
+from hf_memory.steering.attention import ACTIVE_STEERING, STEERING_IN_USE, SiteState
 from hf_memory.steering.call_scope import CallScope
 from hf_memory.steering.host import acquire_host, release_host
 from hf_memory.steering.mixture import HeadSlots
@@ -61,6 +61,7 @@ class CallSteering(CallScope):
     running forward pass, and the model host."""
 
     variable = ACTIVE_STEERING
+    in_use = STEERING_IN_USE
 
     def _start(self, model: nn.Module, adapter, active: bool) -> None:
         self._queries = threading.local()
@@ -74,10 +75,10 @@ class CallSteering(CallScope):
         if self._groups(attention):
             if not hasattr(self._queries, "by_module"):
                 self._queries.by_module = {}
-            self._queries.by_module[attention] = self.adapter.query(output, self.model.config)
+            self._queries.by_module[id(attention)] = self.adapter.query(output, self.model.config)
 
     def _take_query(self, attention: nn.Module) -> torch.Tensor | None:
-        return getattr(self._queries, "by_module", {}).pop(attention, None)
+        return getattr(self._queries, "by_module", {}).pop(id(attention), None)
 
     def _stop(self) -> bool:
         """Deactivate and release the model; False if already done."""
@@ -163,7 +164,7 @@ class SteeringHandle(CallSteering):
         self._trace_only = trace_only
         self._record_routing = False
         self._sites: dict[int, SiteState] = {}
-        self._by_module: dict[nn.Module, SiteState] = {}
+        self._by_module: dict[int, SiteState] = {}  # by id(): torch.compile traces int keys
         self.audit_log: list[dict[str, Any]] = []
         self._install(self._as_bank_set(banks))
         self._start(model, self.adapter, active)
@@ -209,7 +210,7 @@ class SteeringHandle(CallSteering):
         return self.strength * self._calibrated_strength
 
     def _publish(self, sites: dict[int, SiteState]) -> None:
-        by_module = {self.adapter.attention(self.model, layer): site
+        by_module = {id(self.adapter.attention(self.model, layer)): site
                      for layer, site in sites.items()}
         self._sites, self._by_module = sites, by_module
 
@@ -217,7 +218,7 @@ class SteeringHandle(CallSteering):
 
     def _site(self, attention: nn.Module) -> SiteState | None:
         """The site at ``attention`` when a bank applies there (None: the layer runs plain)."""
-        site = None if self._removed else self._by_module.get(attention)
+        site = None if self._removed else self._by_module.get(id(attention))
         if site is None or site.stack is None or site.strength == 0.0:
             return None
         return site

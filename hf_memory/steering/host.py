@@ -12,7 +12,7 @@ import weakref
 
 from torch import nn
 
-from hf_memory.steering.attention import ACTIVE_STEERING, BASE_IMPLEMENTATIONS, IMPL_PREFIX
+from hf_memory.steering.attention import BASE_IMPLEMENTATIONS, IMPL_PREFIX, running_steering
 
 __all__ = ["ModelHost", "acquire_host", "release_host"]
 
@@ -34,7 +34,7 @@ class ModelHost:
             attention = adapter.attention(model, layer)
 
             def capture(_module, _args, output, _attention=attention):
-                handle = ACTIVE_STEERING.get()
+                handle = running_steering()
                 if handle is not None:
                     handle._capture(_attention, output)
 
@@ -43,7 +43,7 @@ class ModelHost:
         model.set_attn_implementation(IMPL_PREFIX + self.original)
 
     def _on_forward(self, module, args, kwargs) -> None:
-        handle = ACTIVE_STEERING.get()
+        handle = running_steering()
         if handle is not None and handle.model is module:
             handle._on_forward(args, kwargs)
 
