@@ -1,0 +1,96 @@
+"""torch.compile with memory inception installed: graphs, breaks and forward time per condition.
+
+A model of the embedded SmolLM2-135M's shape (random weights, float32, CPU unless CUDA is
+present), a forward pass over a ``--batch`` × ``--prompt`` prompt, five conditions in one
+process: plain eager; plain compiled (inductor); compiled with a steering (target + reference
+bank of 24 slots at five layers) and a CAA handle installed but not live (what a server holding
+handles runs for its plain requests); compiled with the steering live; eager steered. For each:
+Dynamo's graph and break count (``torch._dynamo.explain``) and the median forward time after
+warm-up, with the ratio to plain eager. Every compiled output is checked against its eager one.
+
+Usage: python benchmarks/mi_compile.py [--model smollm2-135m] [--batch 1] [--prompt 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+import torch._dynamo as dynamo
+
+from benchmarks.mi_serving_shapes import MODELS, banks_for, build, synchronize
+from hf_memory import steer
+from hf_memory.baselines.caa import CAAVectors, apply_caa
+
+
+def median_seconds(call, ids: torch.Tensor, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        synchronize(ids.device)
+        start = time.perf_counter()
+        call(ids)
+        synchronize(ids.device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def graphs_and_breaks(model, ids: torch.Tensor) -> tuple[int, int]:
+    dynamo.reset()
+    explained = dynamo.explain(model)(ids)
+    return explained.graph_count, explained.graph_break_count
+
+
+def compiled_row(label: str, model, ids, expected, repeats: int, base: float, scope) -> None:
+    """Explain, compile (inductor), time and check ``model`` under ``scope``; print one row."""
+    with scope():
+        graphs, breaks = graphs_and_breaks(model, ids)
+        dynamo.reset()
+        compiled = torch.compile(model)
+        out = compiled(ids).logits  # compiles
+        seconds = median_seconds(lambda x: compiled(x).logits, ids, repeats)
+    error = (out - expected).abs().max().item()
+    print(f"| {label} | {graphs} | {breaks} | {1e3 * seconds:.1f} | {base / seconds:.2f}x | "
+          f"{error:.1e} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", choices=[m for m in MODELS if MODELS[m]])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build(args.model, device, torch.float32)
+    ids = torch.randint(1, model.config.vocab_size, (args.batch, args.prompt), device=device)
+    print(f"{args.model}, {device}, float32, batch {args.batch} x {args.prompt} tokens, "
+          f"torch {torch.__version__}")
+    print("| condition | graphs | breaks | forward ms | / plain eager | max |compiled - eager| |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    with torch.inference_mode():
+        plain = model(ids).logits
+        base = median_seconds(lambda x: model(x).logits, ids, args.repeats)
+        print(f"| plain, eager | - | - | {1e3 * base:.1f} | 1.00x | - |")
+        compiled_row("plain, compiled", model, ids, plain, args.repeats, base, nullcontext)
+        memory = steer(model, banks_for(model), active=False)
+        vector = torch.randn(model.config.hidden_size, device=device)
+        caa = apply_caa(model, CAAVectors({model.config.num_hidden_layers // 3: vector},
+                                          scale=1.0), active=False)
+        with memory.applied():
+            steered = model(ids).logits
+            seconds = median_seconds(lambda x: model(x).logits, ids, args.repeats)
+        print(f"| steering live, eager | - | - | {1e3 * seconds:.1f} | {base / seconds:.2f}x | - |")
+        compiled_row("compiled, steering and CAA installed, not live", model, ids, plain,
+                     args.repeats, base, nullcontext)
+        compiled_row("compiled, steering live", model, ids, steered, args.repeats, base,
+                     memory.applied)
+    memory.remove()
+    caa.remove()
+    dynamo.reset()
+
+
+if __name__ == "__main__":
+    main()
