@@ -34,11 +34,17 @@ from hf_memory.steering.mixture import (
 )
 from hf_memory.steering.stock_attention import attention_with_lse, lse_kernel_available
 
-__all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "STEERING_IN_USE",
-           "SiteState", "running_steering"]
+__all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "ROTARY_KWARG",
+           "STEERING_IN_USE", "STEERING_KWARG", "SiteState", "pre_rope_query", "running_steering"]
 
 BASE_IMPLEMENTATIONS = ("sdpa", "eager")
 IMPL_PREFIX = "hf_memory_"
+# Keyword arguments the model host adds to a steered call, which transformers hands down to the
+# attention function: the call's steering (found once per forward pass, not per layer) and the
+# layer's rotary (cos, sin), from which a traced call recovers the pre-RoPE query.
+STEERING_KWARG = "hf_memory_steering"
+ROTARY_KWARG = "hf_memory_rotary"
+_NOT_PASSED = object()
 
 
 @dataclass
@@ -74,6 +80,17 @@ def running_steering() -> Any:
         return None
     handle = ACTIVE_STEERING.get()
     return handle if handle is not None and handle.live else None
+
+
+def pre_rope_query(query: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The pre-RoPE query ``[B, H, T, D]`` from the post-RoPE one and the layer's ``(cos, sin)``
+    ``[B, T, R]`` (R ≤ D rotated dimensions, transformers' half-split convention): the inverse
+    rotation, divided by cos² + sin² (the rotary's attention scaling squared)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    turned, kept = query[..., :cos.shape[-1]], query[..., cos.shape[-1]:]
+    half = turned.shape[-1] // 2
+    back = torch.cat((turned[..., half:], -turned[..., :half]), dim=-1)  # -rotate_half(turned)
+    return torch.cat([(turned * cos + back * sin) / (cos * cos + sin * sin), kept], dim=-1)
 
 
 def _base_attention(name: str, module: nn.Module):
@@ -139,14 +156,22 @@ def _steered_attention(base_name: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
         base = _base_attention(base_name, module)
-        handle = running_steering()
+        handle = kwargs.pop(STEERING_KWARG, _NOT_PASSED)
+        rotary = kwargs.pop(ROTARY_KWARG, None)
+        if handle is _NOT_PASSED:  # called without the model host's pre-hook
+            handle = running_steering()
         groups = () if handle is None else handle._groups(module)
         if not groups:
             return base(module, query, key, value, attention_mask, scaling=scaling,
                         dropout=dropout, **kwargs)
-        q_pre = handle._take_query(module)
+        # eager: the query hook's capture; traced by torch.compile (where the hook does not
+        # capture): recovered from the post-RoPE query
+        q_pre = None if torch.compiler.is_compiling() else handle._take_query(module)
+        if q_pre is None and rotary is not None:
+            q_pre = pre_rope_query(query, *rotary)
         if q_pre is None:
-            raise RuntimeError("steered attention ran without its pre-RoPE query hook")
+            raise RuntimeError("steered attention ran without its pre-RoPE query (no query "
+                               "hook capture and no rotary embedding passed to the layer)")
         scaling = module.scaling if scaling is None else scaling
         (rows, site), *others = groups
         if all(_by_lse(site, base_name, query, dropout, kwargs) for _, site in groups):

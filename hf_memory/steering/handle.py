@@ -189,6 +189,7 @@ class SteeringHandle(CallSteering):
             size_normalize=normalize)
         sites = {layer: self._site_state(plan, parameter.device) for layer, plan in plans.items()}
         self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
+        self._bank_audit = bank_set.audit()  # hashed once: audit records reuse it
         self._publish(sites)
 
     def _site_state(self, plan, device: torch.device) -> SiteState:
@@ -286,11 +287,12 @@ class SteeringHandle(CallSteering):
             shape = tuple(ids.shape) if ids is not None else None
             self._record("forward from an empty cache", input_shape=shape)
 
+    @torch.compiler.disable  # bookkeeping outside any traced graph
     def _record(self, event: str, **extra: Any) -> None:
         record = {
             "time": time.time(),
             "event": event,
-            "banks": self.bank_set.audit(),
+            "banks": self._bank_audit,
             "sites": {str(k): v for k, v in self.active_sites.items()} if self._sites else {},
             "strength": self.strength,
             **extra,

@@ -7,20 +7,30 @@ call. The last handle released restores the model exactly.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 
+import torch
 from torch import nn
 
-from hf_memory.steering.attention import BASE_IMPLEMENTATIONS, IMPL_PREFIX, running_steering
+from hf_memory.steering.attention import (
+    BASE_IMPLEMENTATIONS,
+    IMPL_PREFIX,
+    ROTARY_KWARG,
+    STEERING_KWARG,
+    running_steering,
+)
 
 __all__ = ["ModelHost", "acquire_host", "release_host"]
 
 
 class ModelHost:
     """What steering installs on one shared model, for every handle on it: the steered attention
-    implementation and inert hooks (pre-RoPE query capture at every layer, the audit pre-hook).
-    Each hook asks the running call's active handle what to do; without one it does nothing."""
+    implementation and inert hooks (pre-RoPE query capture at every layer, the forward pre-hook
+    that audits a steered call and hands its steering down as a keyword argument, and one per
+    attention layer that hands the layer's rotary embedding to a steered call's attention).
+    Each hook asks the running call's live steering what to do; without one it does nothing."""
 
     def __init__(self, model: nn.Module, adapter) -> None:
         self.model, self.users = model, 0
@@ -29,29 +39,45 @@ class ModelHost:
             raise ValueError(
                 f"steering wraps the 'sdpa' or 'eager' attention; this model uses "
                 f"{self.original!r}. Call model.set_attn_implementation('sdpa').")
+        self.passes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                 for p in inspect.signature(model.forward).parameters.values())
         self.hooks = [model.register_forward_pre_hook(self._on_forward, with_kwargs=True)]
         for layer in range(model.config.num_hidden_layers):
             attention = adapter.attention(model, layer)
 
             def capture(_module, _args, output, _attention=attention):
+                if torch.compiler.is_compiling():
+                    return  # traced: the attention recovers the query from its rotary
                 handle = running_steering()
                 if handle is not None:
                     handle._capture(_attention, output)
 
             self.hooks.append(getattr(attention, adapter.query_module)
                               .register_forward_hook(capture))
+            self.hooks.append(attention.register_forward_pre_hook(_pass_rotary,
+                                                                  with_kwargs=True))
         model.set_attn_implementation(IMPL_PREFIX + self.original)
 
-    def _on_forward(self, module, args, kwargs) -> None:
+    def _on_forward(self, module, args, kwargs):
         handle = running_steering()
-        if handle is not None and handle.model is module:
-            handle._on_forward(args, kwargs)
+        if handle is None or handle.model is not module:
+            return None
+        handle._on_forward(args, kwargs)
+        return (args, {**kwargs, STEERING_KWARG: handle}) if self.passes_kwargs else None
 
     def uninstall(self) -> None:
         for hook in self.hooks:
             hook.remove()
         self.hooks.clear()
         self.model.set_attn_implementation(self.original)
+
+
+def _pass_rotary(_attention, args, kwargs):
+    """A steered call's attention layer: its rotary ``(cos, sin)`` goes on to the attention
+    function too."""
+    if kwargs.get(STEERING_KWARG) is not None and "position_embeddings" in kwargs:
+        return args, {**kwargs, ROTARY_KWARG: kwargs["position_embeddings"]}
+    return None
 
 
 _HOSTS: weakref.WeakKeyDictionary[nn.Module, ModelHost] = weakref.WeakKeyDictionary()
