@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one command (a lent GPU machine has no network and little time):
 #   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
-#   gpu_lse_kernels.py, gpu_mi_profile.py, mi_serving_shapes.py, gpu_asm.py and
+#   gpu_lse_kernels.py, gpu_mi_profile.py, mi_serving_shapes.py, mi_compile.py, gpu_asm.py and
 #   training_steps.py --device cuda. GPU_TESTS="lse or mixture" (a -k filter), ASM_SECTIONS=decode,
 #   MI_MODELS="llama-1b", MI_PATHS="reference auto", MI_SECONDS=150, SKIP_LSE=1,
-#   SKIP_MI=1, SKIP_PROFILE=1, SKIP_ASM=1, SKIP_TRAINING=1, SKIP_FLA=1 run less. At most 8 files
+#   SKIP_MI=1, SKIP_COMPILE=1, SKIP_PROFILE=1, SKIP_ASM=1, SKIP_TRAINING=1, SKIP_FLA=1 run less. At most 8 files
 #   come back from a lent machine: the logs (tables included) and two JSON-lines files.
 # Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
 # needs, flash-linear-attention as an outside anchor); one that does not import there is
@@ -45,6 +45,9 @@ step 110 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --
 [ "${SKIP_MI:-0}" = 1 ] || step "${MI_SECONDS:-165}" gpu_mi python3 benchmarks/mi_serving_shapes.py \
     --device cuda --models ${MI_MODELS:-llama-1b smollm2-135m qwen3-moe} \
     --paths ${MI_PATHS:-auto} --json "$OUT/gpu_mi.jsonl"
+# torch.compile with CUDA graphs, plain / steering installed / steered (bf16, launch-bound shape)
+[ "${SKIP_COMPILE:-0}" = 1 ] || step 240 gpu_compile python3 benchmarks/mi_compile.py \
+    --dtype bfloat16 --mode reduce-overhead --batch 1 --prompt 64
 [ "${SKIP_ASM:-0}" = 1 ] || step 200 gpu_asm python3 benchmarks/gpu_asm.py \
     --sections "${ASM_SECTIONS:-layer,model,loss}" --json "$OUT/gpu_asm.jsonl"
 [ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda

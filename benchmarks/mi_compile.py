@@ -1,7 +1,8 @@
 """torch.compile with memory inception installed: graphs, breaks and forward time per condition.
 
-A model of the embedded SmolLM2-135M's shape (random weights, float32, CPU unless CUDA is
-present), a forward pass over a ``--batch`` × ``--prompt`` prompt, five conditions in one
+A model of the embedded SmolLM2-135M's shape (random weights, ``--dtype``, CUDA where present,
+``--mode reduce-overhead`` for CUDA graphs), a forward pass over a ``--batch`` × ``--prompt``
+prompt, five conditions in one
 process: plain eager; plain compiled (inductor); compiled with a steering (target + reference
 bank of 24 slots at five layers) and a CAA handle installed but not live (what a server holding
 handles runs for its plain requests); compiled with the steering live; eager steered. For each:
@@ -9,6 +10,7 @@ Dynamo's graph and break count (``torch._dynamo.explain``) and the median forwar
 warm-up, with the ratio to plain eager. Every compiled output is checked against its eager one.
 
 Usage: python benchmarks/mi_compile.py [--model smollm2-135m] [--batch 1] [--prompt 64]
+       [--dtype float32|bfloat16] [--mode default|reduce-overhead]
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ def graphs_and_breaks(model, ids: torch.Tensor) -> tuple[int, int]:
     return explained.graph_count, explained.graph_break_count
 
 
-def compiled_row(label: str, model, ids, expected, repeats: int, base: float, scope) -> None:
+def compiled_row(label: str, model, ids, expected, repeats: int, base: float, scope,
+                 mode: str) -> None:
     """Explain, compile (inductor), time and check ``model`` under ``scope``; print one row."""
     with scope():
         graphs, breaks = graphs_and_breaks(model, ids)
         dynamo.reset()
-        compiled = torch.compile(model)
+        compiled = torch.compile(model, mode=mode)
         out = compiled(ids).logits  # compiles
+        out = compiled(ids).logits.clone()  # (CUDA graphs record on the second call)
         seconds = median_seconds(lambda x: compiled(x).logits, ids, repeats)
     error = (out - expected).abs().max().item()
     print(f"| {label} | {graphs} | {breaks} | {1e3 * seconds:.1f} | {base / seconds:.2f}x | "
@@ -62,21 +66,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--mode", default="default", choices=["default", "reduce-overhead"])
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build(args.model, device, torch.float32)
+    model = build(args.model, device, getattr(torch, args.dtype))
     ids = torch.randint(1, model.config.vocab_size, (args.batch, args.prompt), device=device)
-    print(f"{args.model}, {device}, float32, batch {args.batch} x {args.prompt} tokens, "
-          f"torch {torch.__version__}")
+    print(f"{args.model}, {device}, {args.dtype}, batch {args.batch} x {args.prompt} tokens, "
+          f"torch.compile mode {args.mode}, torch {torch.__version__}")
     print("| condition | graphs | breaks | forward ms | / plain eager | max |compiled - eager| |")
     print("| --- | --- | --- | --- | --- | --- |")
     with torch.inference_mode():
         plain = model(ids).logits
         base = median_seconds(lambda x: model(x).logits, ids, args.repeats)
         print(f"| plain, eager | - | - | {1e3 * base:.1f} | 1.00x | - |")
-        compiled_row("plain, compiled", model, ids, plain, args.repeats, base, nullcontext)
+        compiled_row("plain, compiled", model, ids, plain, args.repeats, base, nullcontext,
+                     args.mode)
         memory = steer(model, banks_for(model), active=False)
-        vector = torch.randn(model.config.hidden_size, device=device)
+        vector = torch.randn(model.config.hidden_size, device=device, dtype=model.dtype)
         caa = apply_caa(model, CAAVectors({model.config.num_hidden_layers // 3: vector},
                                           scale=1.0), active=False)
         with memory.applied():
@@ -84,9 +91,9 @@ def main() -> None:
             seconds = median_seconds(lambda x: model(x).logits, ids, args.repeats)
         print(f"| steering live, eager | - | - | {1e3 * seconds:.1f} | {base / seconds:.2f}x | - |")
         compiled_row("compiled, steering and CAA installed, not live", model, ids, plain,
-                     args.repeats, base, nullcontext)
+                     args.repeats, base, nullcontext, args.mode)
         compiled_row("compiled, steering live", model, ids, steered, args.repeats, base,
-                     memory.applied)
+                     memory.applied, args.mode)
     memory.remove()
     caa.remove()
     dynamo.reset()
