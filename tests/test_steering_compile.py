@@ -1,7 +1,7 @@
 """torch.compile and steering: a model with steering installed traces its plain calls as the
 plain model does; a steered call traces into as many graphs as the plain call (its one context
-lookup comes before the first operation) and computes what the eager call computes, on every
-family; a steering acts only while an activation of it is live (contexts copied from an
+lookup comes before the first operation; Llama, Gemma 3) and computes what the eager call
+computes, on every family; a steering acts only while an activation of it is live (contexts copied from an
 activated one see it only then)."""
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def test_a_copied_context_sees_a_steering_only_while_it_is_live():
 ROTARY_ROUNDING = {"olmo2": 1e-6}
 
 
+@pytest.mark.slow  # one trace per family, ~10 s for the MoE ones (their routing breaks graphs)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_compiled_steered_call_equals_the_eager_one_on_every_family(family, fresh_dynamo):
     model = tiny_model(family)
@@ -128,14 +129,9 @@ def test_a_compiled_steered_call_equals_the_eager_one_on_every_family(family, fr
                            random_bank("r", "reference", 3, seed=2)], layers=[1, 2],
                    active=False)
     try:
-        with torch.no_grad():
-            plain_graphs, plain_breaks = graphs_and_breaks(model, ids)
-            with handle.applied():
-                eager = model(ids).logits
-                graphs, breaks = graphs_and_breaks(model, ids)
-                assert graphs <= plain_graphs and breaks <= plain_breaks  # (MoE routing breaks)
-                dynamo.reset()
-                traced = torch.compile(model, backend="eager")(ids).logits
+        with torch.no_grad(), handle.applied():
+            eager = model(ids).logits
+            traced = torch.compile(model, backend="eager")(ids).logits
         assert not torch.allclose(eager, model(ids).logits)  # the banks steer
         torch.testing.assert_close(traced, eager, rtol=0,
                                    atol=ROTARY_ROUNDING.get(family, 1e-12))
