@@ -1,8 +1,9 @@
 """torch.compile and steering: a model with steering installed traces its plain calls as the
 plain model does; a steered call traces into as many graphs as the plain call (its one context
 lookup comes before the first operation; Llama, Gemma 3) and computes what the eager call
-computes, on every family; a steering acts only while an activation of it is live (contexts copied from an
-activated one see it only then)."""
+computes, on every family, transformers' own compiled static-cache decoding included; a
+steering acts only while an activation of it is live (contexts copied from an activated one see
+it only then)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,13 @@ import torch
 import torch._dynamo as dynamo
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import CompileConfig
 
 from hf_memory import steer
 from hf_memory.baselines.caa import CAAVectors, apply_caa
 from hf_memory.steering.attention import pre_rope_query
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import FAMILIES, tiny_model
-
-pytestmark = pytest.mark.compat  # the attention interface and hooks of each transformers
 
 
 @pytest.fixture
@@ -46,6 +46,7 @@ def installed_steerings(model):
     return memory, caa
 
 
+@pytest.mark.compat  # the attention interface and hooks of each transformers
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 def test_plain_calls_trace_as_the_plain_model_with_steering_installed(family, fresh_dynamo):
     model = tiny_model(family, dtype=torch.float32)
@@ -64,6 +65,7 @@ def test_plain_calls_trace_as_the_plain_model_with_steering_installed(family, fr
         caa.remove()
 
 
+@pytest.mark.compat  # the attention interface and hooks of each transformers
 def test_a_compiled_model_serves_plain_and_steered_calls_exactly(fresh_dynamo):
     model = tiny_model("llama")
     ids = token_ids(batch=2, length=7, seed=3)
@@ -88,6 +90,7 @@ def test_a_compiled_model_serves_plain_and_steered_calls_exactly(fresh_dynamo):
         caa.remove()
 
 
+@pytest.mark.compat  # the attention interface and hooks of each transformers
 def test_a_copied_context_sees_a_steering_only_while_it_is_live():
     model = tiny_model("llama")
     ids = token_ids(batch=1, length=6, seed=4)
@@ -120,6 +123,7 @@ def test_a_copied_context_sees_a_steering_only_while_it_is_live():
 ROTARY_ROUNDING = {"olmo2": 1e-6}
 
 
+@pytest.mark.compat  # the attention interface and hooks of each transformers
 @pytest.mark.slow  # one trace per family, ~10 s for the MoE ones (their routing breaks graphs)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_compiled_steered_call_equals_the_eager_one_on_every_family(family, fresh_dynamo):
@@ -155,3 +159,35 @@ def test_pre_rope_query_inverts_the_rotary(rotated, scaling, seed):
     rotate_half = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
     post = torch.cat([turned * cos[:, None] + rotate_half * sin[:, None], kept], dim=-1)
     torch.testing.assert_close(pre_rope_query(post, cos, sin), query, rtol=0, atol=1e-12)
+
+
+def test_steered_generate_with_transformers_own_compiled_static_cache(fresh_dynamo):
+    """``generate(cache_implementation="static")`` compiles the forward pass itself (on CUDA by
+    default; here forced on the CPU): steered decoding through it equals the dynamic cache's.
+    (Before the sites were keyed by id, the compiled steps ran plain.)"""
+    model = tiny_model("llama")
+    ids = token_ids(batch=2, length=7, seed=5)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding
+    handle = steer(model, [random_bank("a", "target", 4, seed=1, gain=2.0),
+                           random_bank("r", "reference", 3, seed=2)], layers=[1, 2],
+                   active=False)
+    settings_ = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, attention_mask=mask,
+                     output_scores=True, return_dict_in_generate=True)
+    compile_config = CompileConfig(backend="eager")
+    compile_config._compile_all_devices = True  # transformers compiles on accelerators only
+    dynamo.utils.counters.clear()
+    try:
+        with torch.no_grad():
+            plain = model.generate(ids, **settings_).sequences
+            with handle.applied():
+                dynamic = model.generate(ids, **settings_)
+                static = model.generate(ids, **settings_, cache_implementation="static",
+                                        compile_config=compile_config)
+    finally:
+        handle.remove()
+    assert dynamo.utils.counters["stats"]["unique_graphs"] > 0  # the decoding steps compiled
+    assert not torch.equal(dynamic.sequences, plain)
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for compiled_step, eager_step in zip(static.scores, dynamic.scores, strict=True):
+        torch.testing.assert_close(compiled_step, eager_step, rtol=0, atol=1e-12)
