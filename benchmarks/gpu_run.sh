@@ -5,7 +5,8 @@
 #   training_steps.py --device cuda. GPU_TESTS="lse or mixture" (a -k filter), ASM_SECTIONS=decode,
 #   MI_MODELS="llama-1b", MI_PATHS="reference auto", MI_SECONDS=150, SKIP_LSE=1,
 #   SKIP_MI=1, SKIP_COMPILE=1, SKIP_PROFILE=1, SKIP_ASM=1, SKIP_TRAINING=1, SKIP_FLA=1 run less. At most 8 files
-#   come back from a lent machine: the logs (tables included) and two JSON-lines files.
+#   come back from a lent machine: every step's log in one file (steps.log, tables included)
+#   and three JSON-lines files.
 # Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
 # needs, flash-linear-attention as an outside anchor); one that does not import there is
 # dropped and the run goes on with what the image has. Logs and JSON lines go to $OUT.
@@ -28,13 +29,14 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('# torch', torch.__version__, 'triton', \
 triton.__version__, 'transformers', transformers.__version__)"
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, keep the log
+step() {  # step SECONDS NAME COMMAND...: run with a time limit, its log appended to steps.log
     local limit=$1 name=$2; shift 2
     echo "## $name"
-    local start=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local start=$SECONDS log="/tmp/gpu_step_$name.log"
+    timeout "$limit" "$@" > "$log" 2>&1
     local rc=$?
-    tail -n 40 "$OUT/$name.log"
+    tail -n 40 "$log"
+    { echo "## $name: exit $rc after $((SECONDS - start)) s"; cat "$log"; } >> "$OUT/steps.log"
     echo "## $name: exit $rc after $((SECONDS - start)) s"
 }
 step 110 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 100 \
