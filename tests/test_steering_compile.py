@@ -91,6 +91,25 @@ def test_a_compiled_model_serves_plain_and_steered_calls_exactly(fresh_dynamo):
 
 
 @pytest.mark.compat  # the attention interface and hooks of each transformers
+def test_a_compiled_model_serves_per_row_banks_exactly(fresh_dynamo):
+    model = tiny_model("qwen3")
+    ids = token_ids(batch=3, length=7, seed=5)
+    rows = [[random_bank("a", "target", 4, seed=1, gain=2.0)], None,
+            [random_bank("b", "target", 5, seed=3, layers=(1, 2))]]
+    handle = steer(model, rows, active=False)
+    try:
+        with torch.no_grad():
+            plain = model(ids).logits
+            with handle.applied():
+                eager = model(ids).logits
+                traced = torch.compile(model, backend="eager")(ids).logits
+    finally:
+        handle.remove()
+    assert [torch.equal(eager[i], plain[i]) for i in range(3)] == [False, True, False]
+    torch.testing.assert_close(traced, eager, rtol=0, atol=1e-12)
+
+
+@pytest.mark.compat  # the attention interface and hooks of each transformers
 def test_a_copied_context_sees_a_steering_only_while_it_is_live():
     model = tiny_model("llama")
     ids = token_ids(batch=1, length=6, seed=4)
