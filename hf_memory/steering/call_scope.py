@@ -52,6 +52,9 @@ class CallScope:
 
     variable: ClassVar[ContextVar]
     in_use: ClassVar[InUse]
+    # not live until activated: a subclass's hooks can run in other threads' calls before
+    # its __init__ reaches _begin
+    _live = 0
     what: ClassVar[str] = "steering"  # for the error after removal
 
     def _activated(self, current: Any) -> Any:
