@@ -133,19 +133,29 @@ def test_chunked_scan_matches_float64_reference(case, dtype):
         assert_close(a, e, tol)
 
 
+# CI's falsifying case of the old pairwise comparison: the logits' gradient of chunk 64 and chunk 2
+# each within 1e-5 of the float64 reference (4e-6 and 8e-6, opposite signs), 1.2e-5 apart.
+OPPOSITE_ROUNDING = dict(shape=(2, 22, 1, 4, 4), regime="steep",
+                         slopes=[4.164116134866601, 6.307093873104689, -17.0, -4.0],
+                         left=[22, 6], right=[0, 1], scale=0.0, offset=0.0, chunk=64, seed=500)
+
+
 @PROPERTY
 @given(case=scan_cases(), other=st.integers(1, 64))
 @example(case=ISSUE_15, other=1)
+@example(case=OPPOSITE_ROUNDING, other=2)
 def test_chunk_size_invariance(case, other):
-    """Two chunk sizes give the same float32 outputs and gradients (rtol = atol = 1e-5, atol
-    relative to magnitudes above 1), and no chunk needs more reference bands than it has
-    positions."""
+    """Two chunk sizes on the same input each give float32 outputs and gradients equal to the
+    float64 reference (rtol = atol = 1e-5, atol relative to magnitudes above 1), and no chunk
+    needs more reference bands than it has positions. (The two float32 results are compared
+    through the reference: each rounds on its own, so they may differ by up to twice the
+    tolerance.)"""
     inputs = build(case)
-    first = outputs_and_grads(asa_attend_chunk_autograd, inputs, torch.float32,
-                              chunk_size=case["chunk"])
-    second = outputs_and_grads(asa_attend_chunk_autograd, inputs, torch.float32, chunk_size=other)
-    for a, e in zip(first, second, strict=True):
-        assert_close(a, e, TOL32)
+    expected = outputs_and_grads(asa_attend_naive, inputs, torch.float64)
+    for chunk in (case["chunk"], other):
+        got = outputs_and_grads(asa_attend_chunk_autograd, inputs, torch.float32, chunk_size=chunk)
+        for a, e in zip(got, expected, strict=True):
+            assert_close(a, e, TOL32)
     b, t, h, k, _ = case["shape"]
     empty = torch.full((b, h, k), float("-inf"))
     bands = scan_bands(inputs["logits"], empty, min(other, t), band_width(torch.float32))
