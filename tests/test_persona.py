@@ -11,6 +11,7 @@ import torch
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, Selector
 from hf_memory.banks.neutral_control import neutral_control, neutral_like
+from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona import (
     PersonaSteering,
@@ -47,6 +48,23 @@ def test_slots_before_the_conversation_sit_at_negative_positions(chat_tiny):
     assert torch.equal(before.keys, free.keys) and torch.equal(before.values, free.values)
     with pytest.raises(ValueError, match="placement must be one of"):
         MemoryBank.from_text(model, tokenizer, TEXT, placement="after")
+
+
+def test_a_rows_score_under_placed_slots_does_not_depend_on_its_padding(chat_tiny):
+    """Slots placed before the conversation sit at negative positions; a left-padded row's
+    positions count from its first real token (as in ``generate()``), so its margin is the same
+    scored alone or beside a longer row. (Counted from the padding, as before, a row was
+    scored with its slots further away by its padding: 0.05 to 9 nats apart on the embedded
+    model.)"""
+    model, tokenizer = chat_tiny
+    method = MemoryMethod(persona_banks(model, tokenizer, TEXT, recipe="prompt_like"),
+                          layers=[0, 1], layer_gains={0: 1.0, 1: 1.0})
+    pairs = [PAIRS[0], ("A much longer question, " * 6 + "how is it going?", "Fine!", "Bad.")]
+    together = pair_margins(model, tokenizer, pairs, method=method)
+    alone = torch.cat([pair_margins(model, tokenizer, [p], method=method, batch_size=1)
+                       for p in pairs])
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-4)
+    assert (together - pair_margins(model, tokenizer, pairs)).abs().max() > 1e-3  # it steers
 
 
 def test_neutral_control_follows_the_banks_recipe(chat_tiny):

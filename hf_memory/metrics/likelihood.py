@@ -44,7 +44,9 @@ def reply_logprobs(model: nn.Module, tokenizer, conversations: Sequence[list[dic
                    replies: Sequence[str], *, method=None, batch_size: int = 16) -> torch.Tensor:
     """Summed log-probability of each reply as the assistant's answer to its conversation.
 
-    Rows are left-padded into batches of ``batch_size``. ``method`` (anything with
+    Rows are left-padded into batches of ``batch_size``, each row's positions counted from its
+    first real token as ``generate()`` counts them (so slots placed at positions before the
+    conversation sit as far from a row's tokens whatever its padding). ``method`` (anything with
     ``attach(model, instruction_end)``, e.g. a :class:`~hf_memory.baselines.methods.Method`) is
     held around
     each batch; ``instruction_end`` is a ``[B]`` tensor: where each row's user turn ends.
@@ -77,9 +79,11 @@ def reply_logprobs(model: nn.Module, tokenizer, conversations: Sequence[list[dic
             mask[i, width - len(row):] = 1
         ends = torch.tensor([width - len(r) - prefix for _, r in chunk], device=device)
         ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
         keep = max(len(r) for _, r in chunk) + 1  # logits of the reply positions only
         with method.attach(model, ends) if method is not None else nullcontext():
-            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           logits_to_keep=keep).logits
         logprobs = log_probabilities(logits)
         for i, (_, reply_ids) in enumerate(chunk):
             n = len(reply_ids)
