@@ -18,7 +18,7 @@ from transformers import CompileConfig
 
 from hf_memory import steer
 from hf_memory.baselines.caa import CAAVectors, apply_caa
-from hf_memory.steering.attention import pre_rope_query
+from hf_memory.steering.rotary import pre_rope_query, rotate
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import FAMILIES, tiny_model
 
@@ -167,7 +167,8 @@ def test_a_compiled_steered_call_equals_the_eager_one_on_every_family(family, fr
        seed=st.integers(0, 2**16))
 def test_pre_rope_query_inverts_the_rotary(rotated, scaling, seed):
     """Rotating a query as transformers does (half-split, partial, with an attention scaling
-    folded into cos and sin) and un-rotating it gives it back."""
+    folded into cos and sin) is what ``rotate`` (which places bank keys) computes, and
+    un-rotating it gives it back."""
     generator = torch.Generator().manual_seed(seed)
     query = torch.randn(2, 3, 5, 16, generator=generator, dtype=torch.float64)
     angles = torch.rand(2, 5, rotated // 2, generator=generator, dtype=torch.float64) * 1e3
@@ -177,6 +178,7 @@ def test_pre_rope_query_inverts_the_rotary(rotated, scaling, seed):
     half = rotated // 2
     rotate_half = torch.cat((-turned[..., half:], turned[..., :half]), dim=-1)
     post = torch.cat([turned * cos[:, None] + rotate_half * sin[:, None], kept], dim=-1)
+    assert torch.equal(rotate(query, cos[:, None], sin[:, None]), post)
     torch.testing.assert_close(pre_rope_query(post, cos, sin), query, rtol=0, atol=1e-12)
 
 

@@ -32,10 +32,11 @@ from hf_memory.steering.mixture import (
     toward,
     visible_keys,
 )
+from hf_memory.steering.rotary import pre_rope_query
 from hf_memory.steering.stock_attention import attention_with_lse, lse_kernel_available
 
 __all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "ROTARY_KWARG",
-           "STEERING_IN_USE", "STEERING_KWARG", "SiteState", "pre_rope_query", "running_steering"]
+           "STEERING_IN_USE", "STEERING_KWARG", "SiteState", "running_steering"]
 
 BASE_IMPLEMENTATIONS = ("sdpa", "eager")
 IMPL_PREFIX = "hf_memory_"
@@ -80,17 +81,6 @@ def running_steering() -> Any:
         return None
     handle = ACTIVE_STEERING.get()
     return handle if handle is not None and handle.live else None
-
-
-def pre_rope_query(query: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The pre-RoPE query ``[B, H, T, D]`` from the post-RoPE one and the layer's ``(cos, sin)``
-    ``[B, T, R]`` (R ≤ D rotated dimensions, transformers' half-split convention): the inverse
-    rotation, divided by cos² + sin² (the rotary's attention scaling squared)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    turned, kept = query[..., :cos.shape[-1]], query[..., cos.shape[-1]:]
-    half = turned.shape[-1] // 2
-    back = torch.cat((turned[..., half:], -turned[..., :half]), dim=-1)  # -rotate_half(turned)
-    return torch.cat([(turned * cos + back * sin) / (cos * cos + sin * sin), kept], dim=-1)
 
 
 def _base_attention(name: str, module: nn.Module):

@@ -15,6 +15,7 @@ import torch
 from hf_memory.banks.bank import MemoryBank
 from hf_memory.banks.bank_set import BankSet
 from hf_memory.steering.mixture import BankStack, PreparedBank
+from hf_memory.steering.rotary import rotate
 
 __all__ = ["SitePlan", "expand_units", "plan_sites", "prepare_bank"]
 
@@ -27,11 +28,6 @@ class SitePlan:
     stack: BankStack | None
     gamma: float
     size_normalize: bool
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def prepare_bank(bank: MemoryBank, row: int, rotary: Callable, device, dtype) -> PreparedBank:
@@ -54,8 +50,7 @@ def prepare_bank(bank: MemoryBank, row: int, rotary: Callable, device, dtype) ->
         keys = keys * scale**2
     else:
         cos, sin = rotary(keys, offsets.to(device=device)[None])
-        turned, kept = keys[..., :cos.shape[-1]], keys[..., cos.shape[-1]:]  # partial rotary
-        keys = torch.cat([turned * cos[0] + _rotate_half(turned) * sin[0], kept], dim=-1)
+        keys = rotate(keys, cos[0], sin[0])
         if bank.positions is None:
             keys = keys * scale
     return PreparedBank(bank.role, keys, values, bank.gain,
