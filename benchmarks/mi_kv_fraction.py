@@ -11,9 +11,10 @@ held out):
    budget are ranked by their shift (the held-out items play no part; a layer over the budget
    alone cannot be part of a budgeted configuration, and the early ones are: on the embedded
    model layer 1 alone costs more than a nat per token);
-2. the top ``k`` layers, for ``k`` in ``--ks`` and ρ in ``--gains``, are scored on the held-out
-   items, with their cost (ΔNLL per token of the shipped neutral text) and KV as a fraction of
-   the descriptor prompt's;
+2. the top ``k`` layers, for ``k`` in ``--ks`` and for ``k`` = every layer within the budget
+   alone (the visible prompt less the layers a bank alone breaks), and ρ in ``--gains``, are
+   scored on the held-out items, with their cost (ΔNLL per token of the shipped neutral text)
+   and KV as a fraction of the descriptor prompt's;
 3. the least KV fraction whose held-out shift reaches the prompt's is reported, at any cost and
    within the budget.
 
@@ -76,7 +77,8 @@ def run_direction(model, tokenizer, cost: NeutralCost, name: str, calibration: i
 
     prompt = scored(PromptMethod(text, tokenizer=tokenizer))
     rows = []
-    for k in sorted({min(k, depth) for k in ks}):
+    cheap = sum(single_cost[layer] <= DEFAULT_COST_BUDGET for layer in single)
+    for k in sorted({min(k, depth) for k in ks} | {cheap}):
         for gain in gains:
             row = {"k": k, "gain": gain, "layers": sorted(ranked[:k]), "kv_fraction": k / depth,
                    **scored(method(ranked[:k], gain))}
@@ -86,7 +88,8 @@ def run_direction(model, tokenizer, cost: NeutralCost, name: str, calibration: i
     return {"direction": name, "calibration": len(calib), "held_out": len(held),
             "single_layer_calibration_shift": single, "single_layer_cost": single_cost,
             "ranked": ranked, "prompt": prompt,
-            "rows": rows, "least_any_cost": least_fraction(rows, prompt["shift"], None),
+            "within_budget_alone": cheap, "rows": rows,
+            "least_any_cost": least_fraction(rows, prompt["shift"], None),
             "least_within_budget": least_fraction(rows, prompt["shift"], DEFAULT_COST_BUDGET),
             "seconds": time.perf_counter() - start}
 

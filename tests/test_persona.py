@@ -122,6 +122,37 @@ def test_the_default_call_is_budgeted_with_a_recipe_control_and_none_opts_out(ch
                                        validation=1.5, progress=False)
 
 
+def test_the_budgeted_search_tries_the_prompts_own_configuration(chat_tiny):
+    """``prompt_like`` banks: every layer whose bank alone stays within the budget, scored
+    together (the visible prompt less what breaks the budget), kept where it moves the
+    validation pairs further than the greedy sites; size-normalised banks get no such trial."""
+    model, tokenizer = chat_tiny
+    banks = persona_banks(model, tokenizer, TEXT, recipe="prompt_like")
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    selector = Selector.calibrate_behavioural(
+        model, tokenizer, banks, PAIRS, cost=cost, cost_budget=10.0, top_layers=1,
+        layer_stride=1, unit_search=False, progress=False)
+    trial, check = selector.config["every_layer_trial"], selector.config["validation"]
+    every = list(range(model.config.num_hidden_layers))
+    assert trial["layers"] == every  # within a budget of 10 nats every layer qualifies
+    greedy = trial["greedy_validation_target"]
+    assert trial["kept"] == (greedy is None or trial["validation_target"] > greedy)
+    assert selector.layers == (every if trial["kept"] else selector.layers[:1])
+    assert check["kept_validation_target"] == max(trial["validation_target"], greedy)
+    _, held = split_pairs(PAIRS, 3)
+    units = {layer: list(range(model.config.num_key_value_heads)) for layer in every}
+    steering = dict(layers=every, units=units, unit_type="kv_group",
+                    strength=trial["strength"], layer_gains=dict.fromkeys(every, trial["gain"]))
+    measured = ShiftObjective(model, tokenizer, held, uncertainty_weight=1.0).measure(
+        MemoryMethod(banks, **steering),
+        control=MemoryMethod(neutral_control(model, tokenizer, banks), **steering))
+    assert measured["target"] == pytest.approx(trial["validation_target"], abs=1e-5)
+    free = persona_banks(model, tokenizer, TEXT, recipe="descriptor")
+    assert Selector.calibrate_behavioural(
+        model, tokenizer, free, PAIRS, cost=cost, cost_budget=10.0, top_layers=1,
+        unit_search=False, progress=False).config["every_layer_trial"] is None
+
+
 def test_dropped_layers_do_not_lower_the_validation_movement(chat_tiny):
     model, tokenizer = chat_tiny
     banks = persona_banks(model, tokenizer, TEXT, recipe="prompt_like")

@@ -213,11 +213,15 @@ def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates
     best = search.run(candidates, top_layers=min(top_layers, len(screened)),
                       unit_search=unit_search, layer_stride=layer_stride, progress=progress)
     singles = {h.layers[0]: h for h in search.history[:len(screened)]}
-    checked = None
-    if check_pairs and best.units:
-        best, checked = _prune_on_validation(search, best, ShiftObjective(
-            model, tokenizer, check_pairs, uncertainty_weight=objective.uncertainty_weight,
-            batch_size=objective.batch_size, cost=objective.cost), singles)
+    checked, prompt_trial = None, None
+    check = (ShiftObjective(model, tokenizer, check_pairs,
+                            uncertainty_weight=objective.uncertainty_weight,
+                            batch_size=objective.batch_size, cost=objective.cost)
+             if check_pairs else None)
+    if check is not None and best.units:
+        best, checked = _prune_on_validation(search, best, check, singles)
+    if concatenated:
+        best, checked, prompt_trial = _try_every_layer(search, best, checked, check, candidates)
     nan = SiteScore((), math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
     diagnostics = {name: torch.tensor([[float(getattr(singles.get(layer, nan), name))]
                                        for layer in candidates], dtype=torch.float32)
@@ -243,7 +247,7 @@ def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates
                 "evaluations": objective.evaluations, "cost_probes": search.cost_probes,
                 "steered_heads": sum(len(u) for u in units.values()) * heads_per_unit,
                 "num_pairs": len(pairs), "search_pairs": len(objective.pairs),
-                "validation": checked,
+                "validation": checked, "every_layer_trial": prompt_trial,
                 "drift_groups": sorted(drift_pairs or {}),
                 "pairs_sha256": pairs_digest(pairs, drift_pairs), "banks": banks.audit(),
                 "cost_texts": {"passages": len(objective.cost.passages),
@@ -266,6 +270,30 @@ def split_pairs(pairs: Sequence[tuple[str, str, str]], held: int
     picked = {round((i + 0.5) * len(pairs) / held - 0.5) for i in range(held)}
     return ([p for i, p in enumerate(pairs) if i not in picked],
             [p for i, p in enumerate(pairs) if i in picked])
+
+
+def _try_every_layer(search, best, checked, check, candidates):
+    """The visible prompt's configuration as a candidate (:meth:`BudgetSearch.every_layer`):
+    kept over ``best`` when it moves the validation pairs further (the search pairs' score
+    where there is no validation split). Returns ``(best, checked, record or None)``."""
+    trial = search.every_layer(candidates)
+    if trial is None or trial.strength <= 0:
+        return best, checked, None
+    record = {**trial.as_dict(), "kept": False}
+    if check is not None:
+        judged = search.judged_by(check).score(dict(trial.units))
+        current = checked["kept_validation_target"] if checked else None
+        record.update(validation_target=judged.target, greedy_validation_target=current)
+        if current is None or judged.target > current:
+            record["kept"] = True
+            checked = {**(checked or {"pairs": len(check.pairs), "dropped_layers": [],
+                                      "calibration_target": best.target,
+                                      "validation_target": current}),
+                       "kept_validation_target": judged.target,
+                       "kept_calibration_target": trial.target, "every_layer": True}
+    elif trial.score > best.score:
+        record["kept"] = True
+    return (trial if record["kept"] else best), checked, record
 
 
 def _prune_on_validation(search, best, check, singles) -> tuple[Any, dict[str, Any]]:

@@ -26,6 +26,12 @@ when the score improves:
 1. every candidate layer alone (all units; or every k-th with ``layer_stride``);
 2. greedy addition of the next best layers of stage 1 (``top_layers`` trials at most);
 3. greedy removal of units (KV groups of grouped-query models, else query heads) one at a time.
+
+Banks in concatenated attention (``prompt_like``) at every layer are the visible prompt, which
+the greedy stages (at most ``top_layers`` layers) cannot reach; :meth:`BudgetSearch.every_layer`
+scores it as one more candidate, less the layers where a bank alone breaks the budget (on the
+embedded model layer 1, whose first token, the attention sink, sees slots placed before it where
+it would not see a visible prompt, and loses its massive activation).
 """
 
 from __future__ import annotations
@@ -142,6 +148,16 @@ class BudgetSearch:
             result = SiteScore(layers, gain, strength=strength, units=frozen, **measured)
         self.history.append(result)
         return result
+
+    def every_layer(self, layers: Sequence[int]) -> SiteScore | None:
+        """Every layer of ``layers`` whose bank alone (all units, full strength at the base
+        gain) costs within the budget, scored together at the strongest setting within budget;
+        None when fewer than two layers qualify."""
+        every = tuple(range(self.num_units))
+        full = len(self.strengths) - 1  # the setting (1.0, base gain)
+        cheap = [layer for layer in sorted(set(layers))
+                 if self._cost({layer: every}, full) <= self.cost_budget]
+        return self.score(dict.fromkeys(cheap, every)) if len(cheap) > 1 else None
 
     def run(self, candidates: Sequence[int], *, top_layers: int, unit_search: bool = True,
             layer_stride: int = 1, progress: bool = True) -> SiteScore:
