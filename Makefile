@@ -79,10 +79,17 @@ browser:
 	test -x $(CHROMIUM) || [ "$$(id -u)" != 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
 		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
+# The floor and vLLM environments install while the main suite runs (pip spends its time on the
+# network and the disk; its log is printed if an install fails), then their two suites run side by
+# side, each one's output kept together.
+ENV_LOG ?= $(VENV)/install-envs.log
 test: setup lint browser
-	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
-	$(MAKE) test-compat
-	$(MAKE) test-vllm
+	@echo "installing $(FLOOR_VENV) and $(VLLM_VENV) beside the main suite (log: $(ENV_LOG))"
+	@$(MAKE) --no-print-directory floor-env vllm-env > $(ENV_LOG) 2>&1 & installs=$$!; \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
+	wait $$installs || { cat $(ENV_LOG); echo "installing the floor or vLLM environment failed"; exit 1; }; \
+	exit $$status
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-compat test-vllm
 
 # The tests of the transformers API on the oldest supported transformers (see FLOOR_VENV above).
 test-compat: floor-env
