@@ -81,12 +81,12 @@ browser:
 
 # The floor and vLLM environments install while the main suite runs (pip spends its time on the
 # network and the disk; its log is printed if an install fails), then their two suites run side by
-# side, each one's output kept together.
+# side, each one's output kept together. The main suite lists its 15 slowest tests.
 ENV_LOG ?= $(VENV)/install-envs.log
 test: setup lint browser
 	@echo "installing $(FLOOR_VENV) and $(VLLM_VENV) beside the main suite (log: $(ENV_LOG))"
 	@$(MAKE) --no-print-directory floor-env vllm-env > $(ENV_LOG) 2>&1 & installs=$$!; \
-	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS); status=$$?; \
 	wait $$installs || { cat $(ENV_LOG); echo "installing the floor or vLLM environment failed"; exit 1; }; \
 	exit $$status
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-compat test-vllm
