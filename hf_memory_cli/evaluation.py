@@ -315,18 +315,20 @@ def _eval(args: argparse.Namespace) -> None:
     elif args.task == "capability":
         from eval_harness.capability.task import CapabilityConfig, run_capability
 
+        capitals = {} if args.capitals is None else {"capitals": args.capitals}
         config = CapabilityConfig(directions=args.directions, additions=args.additions or 40,
                                   passages=args.passages or 40, num_bootstrap=args.bootstrap,
-                                  seed=args.seed, memory_gain_scales=args.memory_gains,
+                                  seed=args.seed, memory_gain_scales=args.memory_gains, **capitals,
                                   selectors_dir=args.selectors or str(out / "selectors"))
         path = run_task("capability", lambda: run_capability(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
     elif args.task == "tradeoff":
         from eval_harness.tradeoff.task import TradeoffConfig, run_tradeoff
 
+        capitals = {} if args.capitals is None else {"capitals": args.capitals}
         config = TradeoffConfig(directions=args.directions, additions=args.additions or 4,
                                 passages=args.passages or 16, num_bootstrap=args.bootstrap,
-                                seed=args.seed, max_delta_nll=args.max_delta_nll,
+                                **capitals, seed=args.seed, max_delta_nll=args.max_delta_nll,
                                 selectors_dir=args.selectors)
         path = run_task("tradeoff", lambda: run_tradeoff(model, tokenizer, config),
                         model=model, config=vars(config), seed=args.seed, out=out)
@@ -448,7 +450,10 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="asm-refinement: scales of the orthogonal part to sweep")
     run.add_argument("--additions", type=positive_int, metavar="N",
                      help="capability / tradeoff: generated addition questions (default: 40 / "
-                          "4; plus 30 capitals)")
+                          "4; plus the capitals)")
+    run.add_argument("--capitals", type=non_negative_int, metavar="N",
+                     help="capability / tradeoff: capital-city questions, the first N of the "
+                          "task's 30 (default: all 30)")
     run.add_argument("--max-delta-nll", type=non_negative, default=0.1, metavar="NATS",
                      help="tradeoff / persona-ab: the cost limit of the matched-cost table, "
                           "ΔNLL per token of neutral text (persona-ab: also the calibration's "

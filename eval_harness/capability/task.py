@@ -6,11 +6,11 @@ For each Big Five direction, the methods frozen exactly as ``trait-steering`` fr
 behavioural selector's sites, CAA at its calibrated scale) are scored against the plain model on
 
 - **questions** generated in code: additions of two numbers from 2 to 49 and the capitals of 30
-  countries (the list below, written for this package), each a four-way multiple choice scored
-  by the summed log-probability of each option as the assistant's reply (the distractors: the
-  sum ±1 and +10; three other capitals, seeded). Only the questions the *plain* model answers
-  correctly are kept, so the plain accuracy is 1 and a method's accuracy on them is its
-  **retention**;
+  countries (the list below, written for this package; ``capitals`` takes the first N), each a
+  four-way multiple choice scored by the summed log-probability of each option as the
+  assistant's reply (the distractors: the sum ±1 and +10; three other capitals, seeded). Only
+  the questions the *plain* model answers correctly are kept, so the plain accuracy is 1 and a
+  method's accuracy on them is its **retention**;
 - **neutral text**: seeded King James Version sentences as the assistant's reply to a fixed
   request, as next-token NLL per token; ``delta_nll`` is the method's minus the plain model's
   (> 0: the method makes ordinary text less likely) and ``perplexity_ratio`` its exponential.
@@ -44,8 +44,8 @@ from hf_memory.recipes.calibration_data import oriented
 from ..intervals import mean_interval
 from ..names import check_positive_ints, checked_directions
 
-__all__ = ["CAPITALS", "CapabilityConfig", "capability_questions", "hub_questions",
-           "memory_name", "plain_baseline", "run_capability", "score_questions"]
+__all__ = ["CAPITALS", "CapabilityConfig", "capability_questions", "check_capitals",
+           "hub_questions", "memory_name", "plain_baseline", "run_capability", "score_questions"]
 
 
 def memory_name(scale: float) -> str:
@@ -73,6 +73,7 @@ class CapabilityConfig:
     directions: Sequence[str] = ("N+", "E+")
     additions: int = 40
     passages: int = 40
+    capitals: int = len(CAPITALS)
     batch_size: int = 16
     num_bootstrap: int = 1000
     seed: int = 0
@@ -82,6 +83,7 @@ class CapabilityConfig:
     def __post_init__(self) -> None:
         self.directions = checked_directions(self.directions)
         check_positive_ints(self, ("additions", "passages", "batch_size", "num_bootstrap"))
+        check_capitals(self.capitals)
         scales = list(self.memory_gain_scales)
         if 1.0 not in scales or any(not math.isfinite(s) or s <= 0 for s in scales):
             raise ValueError(f"memory_gain_scales must be finite, > 0 and include 1.0 (the "
@@ -89,9 +91,20 @@ class CapabilityConfig:
         self.memory_gain_scales = sorted(set(scales), reverse=True)
 
 
-def capability_questions(additions: int = 40, seed: int = 0) -> list[dict[str, Any]]:
-    """Seeded multiple-choice questions: ``additions`` sums, then one per capital in
-    :data:`CAPITALS`; each ``{"kind", "question", "options", "answer"}`` (answer: an index)."""
+def check_capitals(capitals) -> None:
+    """Raise a ValueError unless ``capitals`` is a count of :data:`CAPITALS` (0 to all)."""
+    if isinstance(capitals, bool) or not isinstance(capitals, int) \
+            or not 0 <= capitals <= len(CAPITALS):
+        raise ValueError(f"capitals must be an integer from 0 to {len(CAPITALS)}, got "
+                         f"{capitals!r}")
+
+
+def capability_questions(additions: int = 40, seed: int = 0,
+                         capitals: int = len(CAPITALS)) -> list[dict[str, Any]]:
+    """Seeded multiple-choice questions: ``additions`` sums, then one per capital of the first
+    ``capitals`` of :data:`CAPITALS` (default all; distractors drawn from all 30); each
+    ``{"kind", "question", "options", "answer"}`` (answer: an index)."""
+    check_capitals(capitals)
     rng = random.Random(seed)
     questions = []
     for _ in range(additions):
@@ -103,7 +116,7 @@ def capability_questions(additions: int = 40, seed: int = 0) -> list[dict[str, A
                           "question": f"What is {a} plus {b}? Answer with the number only.",
                           "answer": options.index(str(total))})
     cities = [city for _, city in CAPITALS]
-    for country, city in CAPITALS:
+    for country, city in CAPITALS[:capitals]:
         options = [city, *rng.sample([c for c in cities if c != city], 3)]
         rng.shuffle(options)
         questions.append({"kind": "factual", "options": options,
@@ -173,13 +186,13 @@ def _neutral_nll(model, tokenizer, sentences: Sequence[str], method: Method,
 def plain_baseline(model, tokenizer, config) -> tuple[list, list, list[str], np.ndarray,
                                                       np.ndarray]:
     """What the plain model does on the capability data of ``config`` (``additions``,
-    ``passages``, ``seed``, ``batch_size``): the generated questions, those it answers, the
-    neutral sentences, and their summed NLL and token counts.
+    ``capitals``, ``passages``, ``seed``, ``batch_size``): the generated questions, those it
+    answers, the neutral sentences, and their summed NLL and token counts.
 
     Raises:
         ValueError: the plain model answers none of the questions (nothing to retain).
     """
-    questions = capability_questions(config.additions, config.seed)
+    questions = capability_questions(config.additions, config.seed, config.capitals)
     plain = PlainMethod()
     picks = score_questions(model, tokenizer, questions, plain, config.batch_size)
     kept = [q for q, p in zip(questions, picks, strict=True) if p == q["answer"]]

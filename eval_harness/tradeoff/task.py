@@ -35,7 +35,13 @@ from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.recipes.calibration_data import calibration_pairs, direction_parts, oriented
 
 from ..bigfive.task import CAA_FRAMES
-from ..capability.task import _neutral_nll, plain_baseline, score_questions
+from ..capability.task import (
+    CAPITALS,
+    _neutral_nll,
+    check_capitals,
+    plain_baseline,
+    score_questions,
+)
 from ..intervals import mean_interval
 from ..names import DIRECTIONS, check_positive_ints, checked_directions
 
@@ -56,6 +62,7 @@ class TradeoffConfig:
     cost_budget: float | None = 0.1
     additions: int = 4
     passages: int = 16
+    capitals: int = len(CAPITALS)
     batch_size: int = 16
     num_bootstrap: int = 1000
     seed: int = 0
@@ -64,6 +71,7 @@ class TradeoffConfig:
     def __post_init__(self) -> None:
         self.directions = checked_directions(self.directions)
         check_positive_ints(self, ("additions", "passages", "batch_size", "num_bootstrap"))
+        check_capitals(self.capitals)
         strengths = [float(s) for s in self.memory_strengths]
         if not strengths or any(not 0 < s <= 1 for s in strengths):
             raise ValueError(f"memory_strengths must be in (0, 1], got {strengths}")
