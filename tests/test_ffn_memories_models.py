@@ -7,6 +7,8 @@ triggers equal a brute-force top-k over every coefficient of the corpus.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from hf_memory.analysis.corpus_pass import run_corpus_pass
 from hf_memory.analysis.logit_lens import logit_lens
 from hf_memory.analysis.mlp_adapter import ffn_adapter
 from hf_memory.analysis.streaming_topk import topk_reference
+from hf_memory.analysis.values import project_values, project_values_signed
 from tests.tiny_models import tiny_model
 
 SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=24, head_dim=4,
@@ -125,3 +128,30 @@ def test_mixture_of_experts_mlp_is_unsupported():
 def test_model_without_the_layout_is_a_value_error():
     with pytest.raises(ValueError, match="does not have the expected layout"):
         ffn_adapter(torch.nn.Linear(2, 2))
+
+
+def _projected_alone(adapter, layer, sign, wanted):
+    """Top token and target ranks of ``sign · v`` for every value, from one direct lens pass."""
+    logits = logit_lens(adapter, adapter.layers[layer].values * sign)
+    rank = (logits[:, None, :] > logits.gather(1, wanted)[:, :, None]).sum(-1)
+    return logits.argmax(-1), rank
+
+
+@pytest.mark.parametrize("biased", [False, True], ids=["odd-lens", "biased-unembedding"])
+def test_both_polarities_from_one_projection_equal_each_projected_alone(model, biased):
+    adapter = ffn_adapter(model)
+    if biased:  # lens(-v) != -lens(v): each sign is projected on its own
+        unembedding = torch.nn.Linear(16, 64)
+        adapter = dataclasses.replace(adapter, unembedding=unembedding)
+    generator = torch.Generator().manual_seed(0)
+    wanted = {1: torch.randint(0, 64, (24, 3), generator=generator),
+              -1: torch.randint(0, 64, (24, 2), generator=generator)}
+    both = project_values_signed(adapter, 1, wanted, chunk=5)  # chunks of 5, 5, ..., 4
+    for sign in (1, -1):
+        top, rank = _projected_alone(adapter, 1, sign, wanted[sign])
+        assert torch.equal(both[sign][0], top) and torch.equal(both[sign][1], rank)
+        assert torch.equal(project_values(adapter, 1, sign, wanted[sign])[0], top)
+    minus_only = project_values_signed(adapter, 1, {-1: None})[-1]
+    assert torch.equal(minus_only[0], both[-1][0]) and minus_only[1] is None
+    with pytest.raises(ValueError, match="signs must be"):
+        project_values_signed(adapter, 1, {2: None})

@@ -21,13 +21,14 @@ from .composition import CASES, classify, zero_agreement
 from .corpus import TokenizedCorpus
 from .corpus_pass import CorpusPass, run_corpus_pass
 from .mlp_adapter import ffn_adapter
-from .values import ValueAgreement, value_agreement
+from .values import ValueAgreement, project_values_signed, value_agreement
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["analyze_ffn_memories", "shallow_trigger_share"]
 
+SIGNS = {"+": 1, "-": -1}  # a trigger polarity's sign of the coefficient
 SHALLOW_MIN_COUNT = 3
 
 
@@ -101,8 +102,11 @@ def analyze_ffn_memories(
     for li, layer in enumerate(tqdm(passed.layers, desc="value projections", unit="layer",
                                     disable=not progress)):
         per_polarity = {}
-        for p, index in passed.triggers.items():
-            agreement = value_agreement(adapter, layer, p, targets_of[index.prefixes[li]], seed)
+        targets = {p: targets_of[index.prefixes[li]] for p, index in passed.triggers.items()}
+        projected = project_values_signed(adapter, layer, {
+            SIGNS[p]: wanted[:, :1] for p, wanted in targets.items()})
+        for p, wanted in targets.items():
+            agreement = value_agreement(adapter, layer, p, wanted, seed, projected[SIGNS[p]])
             per_polarity[p] = agreement
             rates[p]["top1"].append(agreement.agree_top1.float().mean().item())
             rates[p]["any"].append(agreement.agree_any.float().mean().item())

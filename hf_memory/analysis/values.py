@@ -23,7 +23,8 @@ import torch
 from .logit_lens import logit_lens
 from .mlp_adapter import FFNAdapter
 
-__all__ = ["ValueAgreement", "project_values", "value_agreement"]
+__all__ = ["ValueAgreement", "project_values", "project_values_signed",
+           "value_agreement"]
 
 
 @torch.no_grad()
@@ -37,18 +38,50 @@ def project_values(adapter: FFNAdapter, layer: int, sign: int = 1,
     """
     if sign not in (1, -1):
         raise ValueError(f"sign must be +1 or -1, got {sign}")
+    return project_values_signed(adapter, layer, {sign: targets}, chunk)[sign]
+
+
+def _ranks(logits: torch.Tensor, wanted: torch.Tensor, larger: bool) -> torch.Tensor:
+    """``[c, k]``: per row, how many logits are strictly larger (``larger``) or smaller than
+    each wanted logit."""
+    return torch.stack([(logits > w if larger else logits < w).sum(-1)
+                        for w in wanted.split(1, dim=1)], dim=1).cpu()
+
+
+@torch.no_grad()
+def project_values_signed(adapter: FFNAdapter, layer: int,
+                          targets: dict[int, torch.Tensor | None], chunk: int = 64
+                          ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
+    """:func:`project_values` for each sign in ``targets`` (``{+1 or -1: [M, k] ids or None}``).
+
+    Where the lens is odd (``lens(-v) = -lens(v)``: an RMSNorm or bias-free norm and a bias-free
+    unembedding, checked exactly on each chunk's first value), both signs are read off one
+    projection of ``+v``: the top token of ``-v`` is the argmin of ``lens(v)`` and its ranks
+    count the smaller logits, the same numbers as projecting ``-v``, at half the cost."""
+    if not targets or any(sign not in (1, -1) for sign in targets):
+        raise ValueError(f"signs must be +1 or -1, got {sorted(targets)}")
     (layer,) = adapter.check_layers([layer])
-    values = adapter.layers[layer].values * sign  # [M, d]
-    tops, ranks = [], []
+    values = adapter.layers[layer].values  # [M, d]
+    out: dict[int, tuple[list, list]] = {sign: ([], []) for sign in targets}
     for start in range(0, values.shape[0], chunk):
-        logits = logit_lens(adapter, values[start: start + chunk]).float()  # [c, V]
-        tops.append(logits.argmax(-1).cpu())
-        if targets is not None:
-            wanted = logits.gather(1, targets[start: start + chunk].to(logits.device))  # [c, k]
-            ranks.append(torch.stack(
-                [(logits > wanted[:, j: j + 1]).sum(-1) for j in range(wanted.shape[1])], dim=1
-            ).cpu())
-    return torch.cat(tops), (torch.cat(ranks) if targets is not None else None)
+        rows = values[start: start + chunk]
+        logits = logit_lens(adapter, rows).float()  # [c, V]
+        shared = 1 in targets and torch.equal(logit_lens(adapter, -rows[:1]).float(),
+                                              -logits[:1])
+        for sign, wanted_ids in targets.items():
+            if sign == 1 or shared:
+                # ``-lens(v)`` in place of ``lens(-v)``: equal, so argmax becomes argmin
+                top = logits.argmax(-1) if sign == 1 else logits.argmin(-1)
+                signed = logits
+            else:
+                signed = logit_lens(adapter, -rows).float()
+                top = signed.argmax(-1)
+            out[sign][0].append(top.cpu())
+            if wanted_ids is not None:
+                wanted = signed.gather(1, wanted_ids[start: start + chunk].to(signed.device))
+                out[sign][1].append(_ranks(signed, wanted, larger=sign == 1 or not shared))
+    return {sign: (torch.cat(tops), torch.cat(ranks) if targets[sign] is not None else None)
+            for sign, (tops, ranks) in out.items()}
 
 
 @dataclass(frozen=True)
@@ -67,12 +100,16 @@ class ValueAgreement:
 
 
 def value_agreement(adapter: FFNAdapter, layer: int, polarity: str,
-                    trigger_targets: torch.Tensor, seed: int = 0) -> ValueAgreement:
-    """Agreement of layer ``layer``'s values with their trigger targets ``[M, k]``."""
+                    trigger_targets: torch.Tensor, seed: int = 0,
+                    projected: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> ValueAgreement:
+    """Agreement of layer ``layer``'s values with their trigger targets ``[M, k]``;
+    ``projected``: this polarity's ``(top, rank of the top-1 target)`` from
+    :func:`project_values_signed`, computed here when None."""
     if polarity not in ("+", "-"):
         raise ValueError(f"polarity must be '+' or '-', got {polarity!r}")
-    top, rank = project_values(adapter, layer, 1 if polarity == "+" else -1,
-                               trigger_targets[:, :1])
+    top, rank = projected if projected is not None else project_values(
+        adapter, layer, 1 if polarity == "+" else -1, trigger_targets[:, :1])
     generator = torch.Generator().manual_seed(seed + layer)
     other = trigger_targets[torch.randperm(len(top), generator=generator)]
     return ValueAgreement(
