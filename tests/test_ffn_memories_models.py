@@ -138,7 +138,10 @@ def _projected_alone(adapter, layer, sign, wanted):
 
 
 @pytest.mark.parametrize("biased", [False, True], ids=["odd-lens", "biased-unembedding"])
-def test_both_polarities_from_one_projection_equal_each_projected_alone(model, biased):
+def test_both_polarities_from_one_projection_equal_each_projected_alone(model, biased,
+                                                                        monkeypatch):
+    import hf_memory.analysis.values as values
+
     adapter = ffn_adapter(model)
     if biased:  # lens(-v) != -lens(v): each sign is projected on its own
         unembedding = torch.nn.Linear(16, 64)
@@ -146,7 +149,13 @@ def test_both_polarities_from_one_projection_equal_each_projected_alone(model, b
     generator = torch.Generator().manual_seed(0)
     wanted = {1: torch.randint(0, 64, (24, 3), generator=generator),
               -1: torch.randint(0, 64, (24, 2), generator=generator)}
+    calls = []
+    monkeypatch.setattr(values, "logit_lens",
+                        lambda *args: calls.append(1) or logit_lens(*args))
     both = project_values_signed(adapter, 1, wanted, chunk=5)  # chunks of 5, 5, ..., 4
+    # one pass per chunk where the lens is odd, else two; and the first chunk's check
+    assert len(calls) == (2 * 5 if biased else 5) + 1
+    monkeypatch.undo()
     for sign in (1, -1):
         top, rank = _projected_alone(adapter, 1, sign, wanted[sign])
         assert torch.equal(both[sign][0], top) and torch.equal(both[sign][1], rank)

@@ -55,7 +55,7 @@ def project_values_signed(adapter: FFNAdapter, layer: int,
     """:func:`project_values` for each sign in ``targets`` (``{+1 or -1: [M, k] ids or None}``).
 
     Where the lens is odd (``lens(-v) = -lens(v)``: an RMSNorm or bias-free norm and a bias-free
-    unembedding, checked exactly on each chunk's first value), both signs are read off one
+    unembedding, checked exactly on the first chunk), both signs are read off one
     projection of ``+v``: the top token of ``-v`` is the argmin of ``lens(v)`` and its ranks
     count the smaller logits, the same numbers as projecting ``-v``, at half the cost."""
     if not targets or any(sign not in (1, -1) for sign in targets):
@@ -63,11 +63,12 @@ def project_values_signed(adapter: FFNAdapter, layer: int,
     (layer,) = adapter.check_layers([layer])
     values = adapter.layers[layer].values  # [M, d]
     out: dict[int, tuple[list, list]] = {sign: ([], []) for sign in targets}
+    shared = None  # decided on the first chunk, by projecting it with both signs
     for start in range(0, values.shape[0], chunk):
         rows = values[start: start + chunk]
         logits = logit_lens(adapter, rows).float()  # [c, V]
-        shared = 1 in targets and torch.equal(logit_lens(adapter, -rows[:1]).float(),
-                                              -logits[:1])
+        if shared is None:
+            shared = 1 in targets and torch.equal(logit_lens(adapter, -rows).float(), -logits)
         for sign, wanted_ids in targets.items():
             if sign == 1 or shared:
                 # ``-lens(v)`` in place of ``lens(-v)``: equal, so argmax becomes argmin
