@@ -43,7 +43,7 @@ from .bigfive.task import CAA_FRAMES
 from .names import DIRECTIONS, FACTORS, checked_directions
 
 __all__ = ["DIRECTIONS", "EVAL_PATH", "CAAFromStart", "FrozenDirection", "TraitSteeringConfig",
-           "direction_bank", "site_mass",
+           "direction_bank", "direction_memory", "site_mass",
            "bank_sources", "behavioural_selector", "calibrate_direction", "eval_pairs",
            "neutral_control"]
 
@@ -273,10 +273,30 @@ class FrozenDirection:
     setup: dict[str, Any]
 
 
+def direction_memory(model, tokenizer, direction: str, config: TraitSteeringConfig,
+                     cost: NeutralCost | None = None) -> tuple[MemoryBank, BankSet, Selector]:
+    """``direction``'s target bank, its bank set and behavioural selector (a saved or shipped
+    one when it was calibrated for the same banks and objective, else calibrated and saved
+    under ``config.selectors_dir``); ``cost``: the neutral text of the budget (None: built
+    from ``config`` when it has a budget)."""
+    _, _, target, _ = direction_parts(direction)
+    pairs, drift = calibration_pairs(direction, config.calibration_pairs, config.drift_pairs)
+    if cost is None and config.cost_budget is not None:
+        cost = NeutralCost(model, tokenizer, batch_size=config.batch_size,
+                           **neutral_sample(config.cost_texts))
+    # named as the demo's persona_bank, so that the shipped selectors match when the recipe does
+    target_bank = direction_bank(model, tokenizer, target, "target", "persona", config)
+    banks = BankSet([target_bank], model=model)
+    control = neutral_control(model, tokenizer, config)
+    selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction,
+                                    control=control, cost=cost)
+    return target_bank, banks, selector
+
+
 def calibrate_direction(model, tokenizer, direction: str,
                         config: TraitSteeringConfig) -> FrozenDirection:
-    """Freeze prompt, memory and CAA for ``direction`` on the calibration pairs (reusing a saved
-    or shipped behavioural selector when it was calibrated for the same banks and objective)."""
+    """Freeze prompt, memory (:func:`direction_memory`) and CAA for ``direction`` on the
+    calibration pairs."""
     _, _, target, reference = direction_parts(direction)
     pairs, drift = calibration_pairs(direction, config.calibration_pairs, config.drift_pairs)
     cost = (NeutralCost(model, tokenizer, batch_size=config.batch_size,
@@ -285,13 +305,8 @@ def calibrate_direction(model, tokenizer, direction: str,
     objective = ShiftObjective(model, tokenizer, pairs, drift,
                                uncertainty_weight=config.uncertainty_weight,
                                batch_size=config.batch_size, cost=cost)
-    # named as the demo's persona_bank, so that the shipped selectors match when the recipe does
-    target_bank = direction_bank(model, tokenizer, target, "target", "persona", config)
+    target_bank, banks, selector = direction_memory(model, tokenizer, direction, config, cost)
     reference_bank = direction_bank(model, tokenizer, reference, "reference", "reference", config)
-    banks = BankSet([target_bank], model=model)
-    control = neutral_control(model, tokenizer, config)
-    selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction,
-                                    control=control, cost=cost)
     methods: dict[str, Method] = {
         "prompt": PromptMethod(target, tokenizer=tokenizer),
         "memory": MemoryMethod(banks, selector),

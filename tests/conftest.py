@@ -64,7 +64,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     socket.socket.connect_ex = _real_connect_ex
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first (each group in its random order), so xdist hands the
+    long ones out at the start and the short ones fill the workers' tails; no GPU: skip
+    ``gpu``."""
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is visible")
@@ -118,3 +123,31 @@ def lse_calls(monkeypatch):
 
     monkeypatch.setattr(steering_module, "attention_with_lse", counted)
     return calls
+
+
+@pytest.fixture(scope="session")
+def small_steering_selectors(tmp_path_factory, default_model):
+    """A folder with the E+ behavioural selector of :func:`small_steering`, calibrated once per
+    test run: under xdist the first worker to ask calibrates it under a file lock in the run's
+    shared temporary folder and the others reuse it. Tests copy it into their own
+    ``selectors_dir``, so their tasks take the saved-selector path of
+    ``eval_harness.directions.behavioural_selector`` instead of calibrating again (the
+    calibration itself stays covered by the trait-steering and layer-ablation runs)."""
+    from filelock import FileLock
+
+    from eval_harness.directions import direction_memory
+    from tests.end_to_end import small_steering
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder, shared by its workers
+    folder = root / "small-steering-selectors"
+    with FileLock(str(root / "small-steering-selectors.lock")):
+        if not (folder / "E+" / "selector.json").is_file():
+            model, tokenizer = default_model
+            side, tokenizer.padding_side = tokenizer.padding_side, "left"
+            try:
+                direction_memory(model, tokenizer, "E+", small_steering(folder))
+            finally:
+                tokenizer.padding_side = side
+    return folder

@@ -4,6 +4,7 @@ retention and ΔNLL bookkeeping, and an end-to-end run on the embedded model."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -15,9 +16,9 @@ from eval_harness.capability.task import (
     run_capability,
     score_questions,
 )
-from eval_harness.directions import TraitSteeringConfig
 from eval_harness.runner import validate_results
 from hf_memory.baselines.methods import PlainMethod, PromptMethod
+from tests.end_to_end import small_steering
 
 
 def test_questions_are_seeded_and_each_has_one_right_option():
@@ -35,6 +36,13 @@ def test_questions_are_seeded_and_each_has_one_right_option():
         else:
             country = q["question"].removeprefix("What is the capital of ").split("?")[0]
             assert right == capitals[country]
+    fewer = capability_questions(12, seed=3, capitals=5)
+    assert fewer[:12] == questions[:12] and len(fewer) == 12 + 5
+    assert [q["question"] for q in fewer[12:]] == [q["question"] for q in questions[12:17]]
+    assert capability_questions(2, capitals=0) == capability_questions(2)[:2]
+    for bad in (-1, len(CAPITALS) + 1, 2.0, True):
+        with pytest.raises(ValueError, match="capitals must be an integer from 0 to 30"):
+            capability_questions(2, capitals=bad)
 
 
 def _direct_pick(model, tokenizer, question, system=None):
@@ -72,6 +80,7 @@ def test_option_scoring_equals_a_direct_computation(default_model):
     ("directions", [], "directions must be among"),
     ("additions", 0, "CapabilityConfig.additions"),
     ("passages", -1, "CapabilityConfig.passages"),
+    ("capitals", 31, "capitals must be an integer from 0 to 30"),
     ("memory_gain_scales", (0.5,), "include 1.0"),
     ("memory_gain_scales", (1.0, float("nan")), "must be finite, > 0"),
 ])
@@ -81,19 +90,19 @@ def test_config_errors_name_the_problem(field, value, message):
 
 
 @pytest.mark.slow
-def test_capability_end_to_end_on_the_embedded_model(default_model, tmp_path):
+def test_capability_end_to_end_on_the_embedded_model(default_model, tmp_path,
+                                                    small_steering_selectors):
     from eval_harness.report import render_report
     from eval_harness.runner import run_task
 
     model, tokenizer = default_model
     tokenizer.padding_side = "left"
-    config = CapabilityConfig(directions=["E+"], additions=4, passages=3, num_bootstrap=20,
+    config = CapabilityConfig(directions=["E+"], additions=4, capitals=6, passages=3,
+                              num_bootstrap=20,
                               selectors_dir=str(tmp_path / "selectors"),
                               memory_gain_scales=(0.5, 1.0))
-    steering = TraitSteeringConfig(directions=["E+"], candidate_layers=[19, 20],
-                                   calibration_pairs=4, top_layers=1, caa_scales=(1.0, 4.0),
-                                   cost_texts=2,
-                                   selectors_dir=str(tmp_path / "selectors"))
+    shutil.copytree(small_steering_selectors, tmp_path / "selectors")
+    steering = small_steering(tmp_path / "selectors")
     path = run_task("capability", lambda: run_capability(model, tokenizer, config, steering),
                     model=model, config={"directions": ["E+"]}, seed=0, out=tmp_path)
     record = json.loads(path.read_text())
@@ -101,7 +110,7 @@ def test_capability_end_to_end_on_the_embedded_model(default_model, tmp_path):
     results = record["results"]
     assert [r["method"] for r in results["runs"]] == ["prompt", "caa", "memory", "memory×0.5"]
     kept = results["questions"]["kept"]
-    assert 0 < kept <= 4 + len(CAPITALS)
+    assert 0 < kept <= 4 + 6
     for run in results["runs"]:
         low, high = run["retention_ci"]
         assert low <= run["retention"] <= high

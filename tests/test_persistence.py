@@ -4,14 +4,16 @@ whose plain margins equal the likelihood probe's."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from eval_harness.directions import TraitSteeringConfig, eval_pairs
+from eval_harness.directions import eval_pairs
 from eval_harness.persistence.task import PersistenceConfig, opposite_history, run_persistence
 from eval_harness.runner import validate_results
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.recipes.calibration_data import calibration_pairs
+from tests.end_to_end import small_steering
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +63,16 @@ def test_config_errors_name_the_problem(field, value, message):
 
 
 @pytest.mark.slow
-def test_persistence_end_to_end_on_the_embedded_model(default_model, tmp_path):
+def test_persistence_end_to_end_on_the_embedded_model(default_model, tmp_path,
+                                                     small_steering_selectors):
     from eval_harness.report import render_report
     from eval_harness.runner import run_task
 
     model, tokenizer = default_model
     tokenizer.padding_side = "left"
     config = PersistenceConfig(directions=["E+"], lengths=[0, 64], items=2, num_bootstrap=20)
-    steering = TraitSteeringConfig(directions=["E+"], candidate_layers=[19, 20],
-                                   calibration_pairs=4, top_layers=1, caa_scales=(1.0, 4.0),
-                                   cost_texts=2,
-                                   selectors_dir=str(tmp_path / "selectors"))
+    shutil.copytree(small_steering_selectors, tmp_path / "selectors")
+    steering = small_steering(tmp_path / "selectors")
     path = run_task("persistence", lambda: run_persistence(model, tokenizer, config, steering),
                     model=model, config={"directions": ["E+"]}, seed=0, out=tmp_path)
     record = json.loads(path.read_text())
