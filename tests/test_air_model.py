@@ -546,6 +546,7 @@ def test_save_and_load_round_trip_through_the_auto_classes(tmp_path):
     assert torch.equal(model.solve(ids).logits, loaded.solve(ids).logits)
 
 
+@pytest.mark.slow
 def test_loads_with_trust_remote_code_offline_in_a_fresh_process(tmp_path):
     model = tiny().float().eval()
     ids, _ = batch()

@@ -178,6 +178,7 @@ def fresh_compiler():
 
 
 @pytest.mark.parametrize("two_networks", [False, True], ids=["shared", "hrm-style"])
+@pytest.mark.slow
 def test_compiled_training_computes_the_eager_training(sudoku4, tmp_path, fresh_compiler,
                                                        two_networks):
     train, test = sudoku4

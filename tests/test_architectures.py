@@ -29,6 +29,7 @@ def tokenizer(default_model):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.slow
 def test_text_banks_selector_caa_and_cached_generation(family, tokenizer):
     model = tiny_model(family, dtype=torch.float32, vocab_size=len(tokenizer))
     banks = BankSet([

@@ -137,6 +137,7 @@ def test_save_pretrained_round_trip_is_bit_exact(tmp_path):
     assert torch.equal(model(ids).logits, loaded(ids).logits)
 
 
+@pytest.mark.slow
 def test_auto_model_with_remote_code_offline_in_a_subprocess(tmp_path):
     model = ArithTransformer(tiny_config()).eval()
     ids = torch.randint(0, 74, (3, 16))

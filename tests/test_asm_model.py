@@ -337,6 +337,7 @@ def test_save_pretrained_round_trip(tmp_path):
     assert torch.equal(model(ids).logits, loaded(ids).logits)
 
 
+@pytest.mark.slow
 def test_auto_model_with_remote_code_offline_in_a_subprocess(tmp_path):
     model = tiny_model()
     ids = torch.randint(0, VOCAB, (2, 9))

@@ -85,6 +85,7 @@ def outputs_and_grads(fn, inputs: list[torch.Tensor], dtype: torch.dtype):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("op", ["read", "scores"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.slow
 def test_kernels_match_reference_outputs_and_every_gradient(shape, op, form):
     b, t, h, k, d = shape
     logits, v = scan_inputs(*shape)
@@ -101,6 +102,7 @@ def test_kernels_match_reference_outputs_and_every_gradient(shape, op, form):
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("gated", [False, True], ids=["split", "gated"])
+@pytest.mark.slow
 def test_asa_attend_triton_matches_reference(gated, form):
     b, t, h, k, d = 2, 20, 2, 4, 3
     logits, v = scan_inputs(b, t, h, k, d)
@@ -178,6 +180,7 @@ def tiny_model(**overrides) -> ASMForCausalLM:
 
 
 @pytest.mark.parametrize("backend", ["triton", "triton_chunk"])
+@pytest.mark.slow
 def test_model_forward_and_decode_on_triton_match_torch(backend):
     ids = torch.randint(1, 31, (2, 6))
     mask = torch.ones_like(ids)
@@ -214,6 +217,7 @@ def test_dispatcher(monkeypatch):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case, op, t", [("rise2", "scores", 130), ("recency4", "read", 70),
                                          ("rise50", "read", 40)])
+@pytest.mark.slow
 def test_kernels_on_steep_logits_match_reference(case, op, t, form):
     """Issue 15, Triton side: write logits rising by 2 per token (to ~260) / the recency bias at
     strength 4; the recurrent kernels (running max rescaled at every token) give finite outputs
@@ -237,6 +241,7 @@ def test_kernels_on_steep_logits_match_reference(case, op, t, form):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case, gated", [("rise2", False), ("recency4", True)],
                          ids=["rise2-split", "recency4-gated"])
+@pytest.mark.slow
 def test_asa_attend_triton_equals_chunked_on_steep_logits(case, gated, form):
     """The Triton scan + read equals the PyTorch chunked path at chunk 64 on steep logits:
     outputs, read weights and the gradients of every input (rtol = atol = 1e-5)."""
@@ -252,6 +257,7 @@ def test_asa_attend_triton_equals_chunked_on_steep_logits(case, gated, form):
 
 
 @pytest.mark.parametrize("backend", ["triton", "triton_chunk"])
+@pytest.mark.slow
 def test_model_with_recency_strength_4_on_triton_equals_torch(backend):
     """A model whose layers have recency strength 4 (2 per token in the first of 8 heads):
     the Triton prefill equals the PyTorch prefill at chunk 64, both finite."""
@@ -269,6 +275,7 @@ def test_model_with_recency_strength_4_on_triton_equals_torch(backend):
 
 @settings(max_examples=12, deadline=None, derandomize=False, print_blob=True)
 @given(case=property_cases(max_t=40), chunk=st.sampled_from([16, 32]))
+@pytest.mark.slow
 def test_chunk_kernels_match_float64_reference_property(case, chunk):
     """For any logit range (flat to +-30 per token per slot), offset and padding (the cases of
     ``tests/test_properties_asm.py``), the chunk-parallel Triton scan + read over several chunks

@@ -39,6 +39,7 @@ def anxious_caa(default_model):
     return CAAVectors.extract(model, tokenizer, PAIRS, layers=[10], scale=2.0)
 
 
+@pytest.mark.slow
 def test_caa_moves_the_contrastive_probe(default_model, anxious_caa):
     model, tokenizer = default_model
     plain = worry_margin(model, tokenizer)
@@ -97,6 +98,7 @@ def test_caa_round_trip_and_checks(anxious_caa, default_model, tmp_path):
         CAAVectors({0: torch.tensor([float("nan")])})
 
 
+@pytest.mark.slow
 def test_methods_share_one_interface(default_model, anxious_caa):
     model, tokenizer = default_model
     bank = MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, template="{text}",

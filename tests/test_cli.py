@@ -83,6 +83,7 @@ def test_demo_steers_through_the_shipped_selector(capsys):
     (["build-selector", "--direction", "X+"], "Big Five trait letter"),
     (["eval", "trait-steering", "--directions", "Q+"], "choose from"),
 ], ids=["layers", "gain", "persona-without-selector", "direction", "eval-direction"])
+@pytest.mark.slow
 def test_demo_rejects_bad_options(argv, message):
     result = run_cli(*argv)
     assert result.returncode == 2

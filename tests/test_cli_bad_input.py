@@ -83,6 +83,9 @@ BAD_INPUTS = [
      "expected finite non-negative numbers"),
     (["eval", "capability", "--memory-gains", "0.5", "--out", OUT], "include 1.0"),
     (["eval", "capability", "--additions", "0", "--out", OUT], "must be >= 1"),
+    (["eval", "capability", "--capitals", "31", "--out", OUT],
+     "capitals must be an integer from 0 to 30"),
+    (["eval", "tradeoff", "--capitals", "-1", "--out", OUT], "must be >= 0"),
     (["eval", "lm-eval", "--tasks", "no_such_task", "--out", OUT],
      "lm-eval knows no task 'no_such_task'"),
     (["eval", "lm-eval", "--tasks", "hfm_capability_mc", "--banks", "{tmp}/banks", "--caa",
@@ -135,7 +138,15 @@ def _ids(case):
     return "-".join(a for a in case[0][:3] if not a.startswith("{")).replace("--", "")
 
 
-@pytest.mark.parametrize("argv, message", BAD_INPUTS, ids=[_ids(c) for c in BAD_INPUTS])
+def _cases():
+    """BAD_INPUTS as parameters; an unknown lm-eval task is ``slow`` (lm-eval indexes its whole
+    task registry before it can refuse one: ~20 s)."""
+    return [pytest.param(*case, id=_ids(case),
+                         marks=[pytest.mark.slow] if "no_such_task" in case[0] else [])
+            for case in BAD_INPUTS]
+
+
+@pytest.mark.parametrize("argv, message", _cases())
 def test_bad_input_is_one_line_and_writes_nothing(argv, message, inputs, capsys):
     before = sorted(p.relative_to(inputs) for p in inputs.rglob("*"))
     argv = [a.replace("{tmp}", str(inputs)) for a in argv]

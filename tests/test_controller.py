@@ -96,6 +96,7 @@ def test_switch_needs_one_rule():
         Switch([], at_token=0)
 
 
+@pytest.mark.slow
 def test_conversation_shifts_banks_without_rewriting_the_transcript(default_model):
     model, tokenizer = default_model
     bank = MemoryBank.from_text(model, tokenizer, DEFAULT_PERSONA, template="{text}",

@@ -46,6 +46,7 @@ def test_greedy_answer_is_sensible(default_model):
     assert "Paris" in answer
 
 
+@pytest.mark.slow
 def test_left_padded_batch_matches_one_by_one(default_model):
     model, tokenizer = default_model
     prompts = ["What is the capital of France?",

@@ -285,6 +285,7 @@ def test_bad_cases_and_transitions_get_one_clear_line(tiny, tokenizer):
             transitions=["warm_to_assertive"]), cases=[case])
 
 
+@pytest.mark.slow
 def test_end_to_end_on_a_tiny_model_writes_valid_results_and_a_report(tiny, tokenizer,
                                                                        tmp_path):
     from eval_harness.report import render_report

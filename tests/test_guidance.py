@@ -64,6 +64,7 @@ def test_config_errors_name_the_problem():
         GuidanceConfig(max_new_tokens=0)
 
 
+@pytest.mark.slow
 def test_end_to_end_on_a_tiny_model(default_model, tmp_path):
     from eval_harness.report import render_report
 

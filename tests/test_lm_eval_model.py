@@ -136,6 +136,7 @@ def test_memory_rolling_and_generation_equal_the_steered_model(default_model, st
     assert generated == replies
 
 
+@pytest.mark.slow
 def test_our_caa_equals_lm_evals_steered_model(default_model, steering, tmp_path):
     """lm-eval's ``steered`` type adds ``coefficient · vector`` to a module's output through
     its own hooks; at ``layers.L.self_attn`` that is where our CAA writes (a pre-norm Llama)."""

@@ -106,6 +106,7 @@ def test_kv_footprint_counts_real_bytes(default_model):
         kv_footprint(model, BankSet([bank], model=model), ids, layers=[0])
 
 
+@pytest.mark.slow
 def test_steered_batched_chat_equals_one_by_one(default_model):
     from hf_memory import generate_chat
 

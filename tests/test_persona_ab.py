@@ -212,6 +212,7 @@ def test_bad_configurations_are_one_clear_error(bad, message):
     assert PersonaABConfig(dials=[0.25]).dials == [0.0, 0.25, 1.0]
 
 
+@pytest.mark.slow
 def test_the_command_line_runs_the_benchmark_and_its_numbers_add_up(tiny, tokenizer,
                                                                      monkeypatch, tmp_path):
     import hf_memory_cli as cli

@@ -293,6 +293,7 @@ except ImportError:
                     reason="the Triton kernels on CPU tensors need triton's interpreter")
 @settings(max_examples=5, deadline=None, derandomize=False, print_blob=True)
 @given(case=scan_cases(max_t=8))
+@pytest.mark.slow
 def test_triton_scan_equals_chunked(case):
     """The Triton scan + read (interpreter on CPU) equals the chunked PyTorch path at the case's
     chunk size: outputs and every gradient (rtol = atol = 1e-5, atol relative to magnitudes

@@ -164,6 +164,7 @@ def test_calibration_rejects_bad_input():
     ("alignment", lambda r: r["alignment"]),  # appendix C: ā first
     ("score", lambda r: r["target_mass"] - r["prompt_mass"]),  # eq. 11 with ξ = χ = 1
 ])
+@pytest.mark.slow
 def test_calibration_on_the_embedded_model_beats_random_layers(default_model, order, criterion):
     model, tokenizer = default_model
     banks = BankSet([

@@ -126,6 +126,7 @@ def test_pairs_file_errors_name_the_line(tmp_path):
             read_pairs(path)
 
 
+@pytest.mark.slow
 def test_selector_pairs_then_calibrate(tiny_dirs, tmp_path, capsys):
     model, banks = tiny_dirs[0], str(tmp_path / "banks")
     cli(capsys, "bank", "build", "--text", "You talk like a pirate.", "--out", banks,
@@ -231,6 +232,7 @@ def test_chat_keeps_one_conversation_through_slash_commands(tiny_dirs, tmp_path,
         conversation.close()
 
 
+@pytest.mark.slow
 def test_persona_calibrates_banks_and_selector_in_one_command(tiny_dirs, tmp_path, capsys):
     model, out = tiny_dirs[0], tmp_path / "pirate"
     write_pairs(tmp_path / "pairs.jsonl", PAIRS)

@@ -48,6 +48,7 @@ def installed_steerings(model):
 
 @pytest.mark.compat  # the attention interface and hooks of each transformers
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.slow
 def test_plain_calls_trace_as_the_plain_model_with_steering_installed(family, fresh_dynamo):
     model = tiny_model(family, dtype=torch.float32)
     ids = token_ids(batch=1, length=6, seed=0)
@@ -66,6 +67,7 @@ def test_plain_calls_trace_as_the_plain_model_with_steering_installed(family, fr
 
 
 @pytest.mark.compat  # the attention interface and hooks of each transformers
+@pytest.mark.slow
 def test_a_compiled_model_serves_plain_and_steered_calls_exactly(fresh_dynamo):
     model = tiny_model("llama")
     ids = token_ids(batch=2, length=7, seed=3)
@@ -91,6 +93,7 @@ def test_a_compiled_model_serves_plain_and_steered_calls_exactly(fresh_dynamo):
 
 
 @pytest.mark.compat  # the attention interface and hooks of each transformers
+@pytest.mark.slow
 def test_a_compiled_model_serves_per_row_banks_exactly(fresh_dynamo):
     model = tiny_model("qwen3")
     ids = token_ids(batch=3, length=7, seed=5)

@@ -136,6 +136,7 @@ def test_a_selector_of_another_format_version_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("direction", ["N+", "N-"])
+@pytest.mark.slow
 def test_the_automatic_path_moves_the_probe_towards_the_target(default_model, direction):
     """The shipped frozen selector, with the direction's descriptor bank: the worry probe moves
     towards the target (up for anxious, down for calm), and the opposite descriptor's bank at the
