@@ -17,12 +17,6 @@ PYTEST_VLLM_ARGS ?=
 # Tests run in a random order (pytest-randomly prints its seed in the header; replay an order with
 # PYTEST_ARGS=--randomly-seed=N) on every core (pytest-xdist; PYTEST_WORKERS=0 runs serially).
 PYTEST_WORKERS ?= auto
-# The tests marked slow are collected first (tests/conftest.py) and xdist's work stealing
-# balances them: a worker that runs dry takes half of the other's queue. xdist's default
-# (`load`) hands the first quarter of the list out round-robin, once, so with the slow tests first
-# one worker was left with most of their time (a rehearsal: it still ran them six minutes after
-# the other had run everything else).
-PYTEST_DIST := -n $(PYTEST_WORKERS) --dist worksteal
 # The vLLM plugin's tests run in a second environment: vLLM pins its own transformers (<5.20).
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
@@ -108,7 +102,7 @@ ENV_LOG ?= $(VENV)/install-envs.log
 test: setup lint browser
 	@echo "installing $(FLOOR_VENV) and $(VLLM_VENV) beside the main suite (log: $(ENV_LOG))"
 	@$(MAKE) --no-print-directory floor-env vllm-env > $(ENV_LOG) 2>&1 & installs=$$!; \
-	$(PY) -m pytest $(PYTEST_DIST) --durations=15 $(PYTEST_ARGS); status=$$?; \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS); status=$$?; \
 	wait $$installs || { cat $(ENV_LOG); echo "installing the floor or vLLM environment failed"; exit 1; }; \
 	exit $$status
 	$(MAKE) --no-print-directory test-compat
@@ -117,13 +111,13 @@ test: setup lint browser
 # The tests of the transformers API on the oldest supported transformers (see FLOOR_VENV above).
 test-compat: floor-env
 	$(FLOOR_PY) -c "import transformers; print('transformers', transformers.__version__)"
-	$(FLOOR_PY) -m pytest $(PYTEST_DIST) -m compat $(PYTEST_ARGS)
+	$(FLOOR_PY) -m pytest -n $(PYTEST_WORKERS) -m compat $(PYTEST_ARGS)
 
 test-vllm: vllm-env
 	VLLM_NO_USAGE_STATS=1 $(VLLM_PY) -m pytest tests_vllm -p no:cacheprovider $(PYTEST_VLLM_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest $(PYTEST_DIST) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/bench_default_model.py

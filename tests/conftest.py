@@ -64,12 +64,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     socket.socket.connect_ex = _real_connect_ex
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``slow`` first (each group in its random order), so xdist hands the
-    long ones out at the start and the short ones fill the workers' tails; no GPU: skip
-    ``gpu``."""
-    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is visible")
