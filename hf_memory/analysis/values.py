@@ -63,24 +63,25 @@ def project_values_signed(adapter: FFNAdapter, layer: int,
     (layer,) = adapter.check_layers([layer])
     values = adapter.layers[layer].values  # [M, d]
     out: dict[int, tuple[list, list]] = {sign: ([], []) for sign in targets}
-    shared = None  # decided on the first chunk, by projecting it with both signs
+    shared = None  # decided on the first chunk, where both signs are projected
     for start in range(0, values.shape[0], chunk):
         rows = values[start: start + chunk]
-        logits = logit_lens(adapter, rows).float()  # [c, V]
-        if shared is None:
-            shared = 1 in targets and torch.equal(logit_lens(adapter, -rows).float(), -logits)
+        plus = logit_lens(adapter, rows).float() if 1 in targets else None  # [c, V]
+        minus = None
+        if -1 in targets and not shared:
+            minus = logit_lens(adapter, -rows).float()
+            if shared is None:
+                shared = plus is not None and torch.equal(minus, -plus)
         for sign, wanted_ids in targets.items():
-            if sign == 1 or shared:
-                # ``-lens(v)`` in place of ``lens(-v)``: equal, so argmax becomes argmin
-                top = logits.argmax(-1) if sign == 1 else logits.argmin(-1)
-                signed = logits
-            else:
-                signed = logit_lens(adapter, -rows).float()
-                top = signed.argmax(-1)
+            if sign == 1 or minus is not None:
+                signed = plus if sign == 1 else minus
+                top, larger = signed.argmax(-1), True
+            else:  # ``-lens(v)`` in place of ``lens(-v)``: equal, so argmax becomes argmin
+                signed, top, larger = plus, plus.argmin(-1), False
             out[sign][0].append(top.cpu())
             if wanted_ids is not None:
                 wanted = signed.gather(1, wanted_ids[start: start + chunk].to(signed.device))
-                out[sign][1].append(_ranks(signed, wanted, larger=sign == 1 or not shared))
+                out[sign][1].append(_ranks(signed, wanted, larger))
     return {sign: (torch.cat(tops), torch.cat(ranks) if targets[sign] is not None else None)
             for sign, (tops, ranks) in out.items()}
 
