@@ -33,7 +33,12 @@ from hf_memory import PromptMethod, load_default_model
 from hf_memory.metrics.kv_accounting import prompt_kv_bytes
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.metrics.steering_cost import NeutralCost
-from hf_memory.recipes.persona import calibrate_caa, calibrate_persona, exemplar_text
+from hf_memory.recipes.persona import (
+    DEFAULT_RECIPES,
+    calibrate_caa,
+    calibrate_persona,
+    exemplar_text,
+)
 
 DATA = Path(__file__).parent / "data" / "user_personas.json"
 
@@ -51,9 +56,11 @@ def direction_items(name: str) -> tuple[str, list[tuple[str, str, str]]]:
 
 
 def bank_kv_bytes(model, steering) -> int:
-    """Bytes of the bank keys and values at the selector's sites (only its units' KV heads)."""
-    selector, keys = steering.selector, steering.banks.banks[0].keys
-    per_head = keys.shape[2] * keys.shape[3] * keys.element_size() * 2
+    """Bytes of the bank keys and values at the selector's sites (only its units' KV heads;
+    both banks of a contrast set)."""
+    selector = steering.selector
+    per_head = sum(bank.keys.shape[2] * bank.keys.shape[3] * bank.keys.element_size() * 2
+                   for bank in steering.banks.banks)
     group = model.config.num_attention_heads // model.config.num_key_value_heads
     kv_heads = 0
     for layer in selector.layers:
@@ -63,7 +70,8 @@ def bank_kv_bytes(model, steering) -> int:
     return kv_heads * per_head
 
 
-def run_direction(model, tokenizer, cost: NeutralCost, name: str, calibration: int) -> dict:
+def run_direction(model, tokenizer, cost: NeutralCost, name: str, calibration: int,
+                  recipes: tuple[str, ...] = DEFAULT_RECIPES) -> dict:
     text, items = direction_items(name)
     calib, held = items[:calibration], items[calibration:]
     plain = pair_margins(model, tokenizer, held)
@@ -75,7 +83,7 @@ def run_direction(model, tokenizer, cost: NeutralCost, name: str, calibration: i
 
     record: dict = {"direction": name, "calibration": len(calib), "held_out": len(held)}
     start = time.perf_counter()
-    steering = calibrate_persona(model, tokenizer, text, calib, progress=False)
+    steering = calibrate_persona(model, tokenizer, text, calib, recipes=recipes, progress=False)
     record["memory_seconds"] = time.perf_counter() - start
     record["memory"] = {**scored(steering.method()), "recipe": steering.recipe,
                         "trials": steering.trials}
@@ -83,7 +91,7 @@ def run_direction(model, tokenizer, cost: NeutralCost, name: str, calibration: i
     record["memory"]["kv_fraction"] = (bank_kv_bytes(model, steering)
                                        / prompt_kv_bytes(model, descriptor_ids))
     record["prompt"] = scored(PromptMethod(text, tokenizer=tokenizer))
-    exemplars = next((t["exemplars"] for t in steering.trials if t["recipe"] == "exemplars"), 0)
+    exemplars = next((t["exemplars"] for t in steering.trials if t["exemplars"]), 0)
     if exemplars:
         shots = steering.selector.config.get("bank_recipe", {}).get("exemplars") or [
             target for _, target, _ in calib[:exemplars]]
@@ -107,6 +115,8 @@ def main() -> None:
                                                 "arrogance+,arrogance-")
     parser.add_argument("--calibration", type=int, default=20)
     parser.add_argument("--out", default="user_persona.jsonl")
+    parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
+                        help="the bank recipes calibrate_persona tries (default: its own)")
     args = parser.parse_args()
     model, tokenizer = load_default_model()
     cost = NeutralCost(model, tokenizer)
@@ -115,7 +125,8 @@ def main() -> None:
           "| CAA (layer, scale) | calibration → validation |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.directions.split(","):
-        record = run_direction(model, tokenizer, cost, name.strip(), args.calibration)
+        record = run_direction(model, tokenizer, cost, name.strip(), args.calibration,
+                               tuple(r.strip() for r in args.recipes.split(",")))
         with open(args.out, "a") as handle:
             handle.write(json.dumps(record) + "\n")
         m, p, c = record["memory"], record["prompt"], record["caa"]

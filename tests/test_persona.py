@@ -82,6 +82,21 @@ def test_neutral_control_follows_the_banks_recipe(chat_tiny):
         neutral_control(model, tokenizer, BankSet([random_bank("t", "target", 3)]))
 
 
+def test_a_contrast_persona_holds_both_replies_and_its_control_is_a_contrast(chat_tiny):
+    model, tokenizer = chat_tiny
+    banks = persona_banks(model, tokenizer, TEXT, recipe="contrast",
+                          exemplars=["Great!", "Lovely."], counter_exemplars=["Bad.", "Dull."])
+    target, reference = banks.banks
+    assert banks.contrast and banks.size_normalize is False
+    assert (target.role, reference.role) == ("target", "reference")
+    assert target.provenance["text"] == exemplar_text(TEXT, ["Great!", "Lovely."])
+    assert reference.provenance["text"] == exemplar_text(TEXT, ["Bad.", "Dull."])
+    control = neutral_control(model, tokenizer, banks)
+    assert control.contrast and [b.role for b in control.banks] == ["target", "reference"]
+    with pytest.raises(ValueError, match=r"needs replies without the persona \(counter_exemplars"):
+        persona_banks(model, tokenizer, TEXT, recipe="contrast", exemplars=["Great!"])
+
+
 def test_split_pairs_is_disjoint_deterministic_and_spread():
     items = [(str(i), "a", "b") for i in range(10)]
     search, held = split_pairs(items, 3)
@@ -192,6 +207,26 @@ def test_calibrate_persona_keeps_the_recipe_that_holds_and_round_trips(chat_tiny
     assert loaded.recipe == found.recipe and loaded.selector.layers == found.selector.layers
     assert torch.equal(loaded.banks.banks[0].positions, found.banks.banks[0].positions)
     assert loaded.banks.size_normalize is False
+
+
+def test_calibrate_persona_contrast_recipe_uses_the_held_back_pairs_and_round_trips(
+        chat_tiny, tmp_path):
+    model, tokenizer = chat_tiny
+    found = calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=("contrast",),
+                              top_layers=1, unit_search=False,
+                              cost=NeutralCost(model, tokenizer, passages=PASSAGES),
+                              progress=False)
+    _, examples = split_pairs(PAIRS, 3)
+    target, reference = found.banks.banks
+    assert found.recipe == "contrast" and found.banks.contrast
+    assert target.provenance["text"] == exemplar_text(TEXT, [t for _, t, _ in examples])
+    assert reference.provenance["text"] == exemplar_text(TEXT, [r for _, _, r in examples])
+    assert found.selector.config["bank_recipe"]["counter_exemplars"] == [
+        r for _, _, r in examples]
+    assert found.selector.config["search_pairs"] + 3 + found.trials[0]["validation_pairs"] == (
+        len(PAIRS))
+    loaded = PersonaSteering.from_pretrained(found.save_pretrained(tmp_path / "c"), model=model)
+    assert loaded.banks.contrast and loaded.selector.layers == found.selector.layers
 
 
 def test_persona_bad_input_is_one_clear_error(chat_tiny):

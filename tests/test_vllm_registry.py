@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -123,6 +124,16 @@ def test_broken_registry_files_get_one_clear_error(tmp_path, content, message):
         Registry.load(tmp_path / "registry.json")
     with pytest.raises(RegistryError, match="no registry at"):
         Registry.load(tmp_path / "missing.json")
+
+
+def test_contrast_bank_sets_are_refused_by_name_when_written(tmp_path):
+    model = tiny_llama()
+    reference = dataclasses.replace(_bank(model, 1, role="reference"), name="r")
+    banks = BankSet([_bank(model, 0), reference], model=model, contrast=True)
+    banks.save_pretrained(tmp_path / "c")
+    with pytest.raises(RegistryError, match="'c' is a contrast set .* hf_memory.steer"):
+        write_registry(tmp_path / "registry.json", model, {"c": tmp_path / "c"})
+    assert not (tmp_path / "registry.json").exists()
 
 
 def test_bank_sets_past_the_size_limit_are_refused_when_written_and_when_requested(registry,

@@ -32,11 +32,12 @@ from hf_memory.models.fingerprint import compare_fingerprints, model_fingerprint
 __all__ = ["FORMAT_VERSION", "BankSet", "BankSetFormatError"]
 
 FORMAT_VERSION = 1
+CONTRAST_FORMAT_VERSION = 2  # contrast sets: older readers refuse them rather than mix them
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "banks.safetensors"
 CARD_NAME = "README.md"
 _CONFIG_KEYS = {"format_version", "library", "library_version", "kind", "fingerprint", "gamma",
-                "size_normalize", "banks"}
+                "size_normalize", "contrast", "banks"}
 _BANK_KEYS = {"name", "role", "gain", "layers", "num_slots", "num_kv_heads", "head_dim",
               "dtype", "content_hash", "provenance", "has_phases", "has_positions"}
 
@@ -54,6 +55,12 @@ class BankSet:
         model: if given, its fingerprint is recorded and the banks are checked against it.
         gamma: sharpness γ of the contrastive gates g± = σ(±γΔ).
         size_normalize: use size-normalised evidence (eq. 5, 9).
+        contrast: steer by the difference of two mixtures, each one softmax over [history;
+            one bank]: o_h + s·(o_{h,target} − o_{h,reference}) (s: the strength dial), where
+            the paper's gate mixes both banks into one softmax. Needs one target and one
+            reference bank over the same layers and no auxiliary bank. What the two banks have
+            in common (the persona text, the reply form) cancels and their difference steers,
+            as in CAA's mean difference, but read by attention at the selected sites.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class BankSet:
         fingerprint: dict[str, Any] | None = None,
         gamma: float = 1.0,
         size_normalize: bool = True,
+        contrast: bool = False,
     ) -> None:
         self.banks = list(banks)
         names = [bank.name for bank in self.banks]
@@ -77,6 +85,9 @@ class BankSet:
             raise ValueError(f"gamma must be finite, got {gamma}")
         self.gamma = float(gamma)
         self.size_normalize = bool(size_normalize)
+        self.contrast = bool(contrast)
+        if self.contrast:
+            _check_contrast(self.banks)
         self.fingerprint = model_fingerprint(model) if model is not None else fingerprint
         if model is not None:
             self.check_model(model)
@@ -122,13 +133,14 @@ class BankSet:
         from hf_memory import __version__
 
         return {
-            "format_version": FORMAT_VERSION,
+            "format_version": CONTRAST_FORMAT_VERSION if self.contrast else FORMAT_VERSION,
             "kind": "memory_inception_bank_set",
             "library": "hf-memory",
             "library_version": __version__,
             "fingerprint": self.fingerprint,
             "gamma": self.gamma,
             "size_normalize": self.size_normalize,
+            **({"contrast": True} if self.contrast else {}),
             "banks": [{
                 "name": b.name, "role": b.role, "gain": b.gain, "layers": list(b.layers),
                 "num_slots": b.num_slots, "num_kv_heads": b.num_kv_heads,
@@ -205,7 +217,8 @@ class BankSet:
                     "hash: the file is corrupt or was edited")
             banks.append(bank)
         bank_set = cls(banks, fingerprint=config["fingerprint"], gamma=config["gamma"],
-                       size_normalize=config["size_normalize"])
+                       size_normalize=config["size_normalize"],
+                       contrast=config.get("contrast", False))
         if model is not None:
             bank_set.check_model(model)
         return bank_set
@@ -225,6 +238,17 @@ class BankSet:
                             commit_message=commit_message)
 
 
+def _check_contrast(banks: Sequence[MemoryBank]) -> None:
+    roles = sorted(bank.role for bank in banks)
+    if roles != ["reference", "target"]:
+        raise ValueError(f"a contrast bank set holds one target and one reference bank and no "
+                         f"other; got roles {roles}")
+    target, reference = sorted(banks, key=lambda bank: bank.role != "target")
+    if tuple(target.layers) != tuple(reference.layers):
+        raise ValueError(f"a contrast bank set's banks cover the same layers; the target covers "
+                         f"{list(target.layers)}, the reference {list(reference.layers)}")
+
+
 def _read_config(directory: Path) -> dict[str, Any]:
     path = directory / CONFIG_NAME
     try:
@@ -235,9 +259,13 @@ def _read_config(directory: Path) -> dict[str, Any]:
         raise BankSetFormatError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(config, dict) or config.get("kind") != "memory_inception_bank_set":
         raise BankSetFormatError(f"{path} does not describe a memory-inception bank set")
-    if config.get("format_version") != FORMAT_VERSION:
-        raise BankSetFormatError(f"{path} has format version {config.get('format_version')!r}; "
-                                 f"this library reads version {FORMAT_VERSION}")
+    version = config.get("format_version")
+    if version not in (FORMAT_VERSION, CONTRAST_FORMAT_VERSION):
+        raise BankSetFormatError(f"{path} has format version {version!r}; this library reads "
+                                 f"versions {FORMAT_VERSION} and {CONTRAST_FORMAT_VERSION}")
+    if (version == CONTRAST_FORMAT_VERSION) != (config.get("contrast") is True):
+        raise BankSetFormatError(f"{path}: format version {version} with contrast "
+                                 f"{config.get('contrast')!r} (version 2 is a contrast set)")
     missing = {"fingerprint", "gamma", "size_normalize", "banks"} - set(config)
     if missing:
         raise BankSetFormatError(f"{path} lacks {sorted(missing)}")

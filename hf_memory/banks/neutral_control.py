@@ -49,4 +49,5 @@ def neutral_control(model, tokenizer, banks):
             name=f"neutral-{bank.name}", templates=[v["template"] for v in made["variants"]],
             layers=bank.layers, keep=made["keep"], context=made["context"], gain=bank.gain,
             placement=made.get("placement", "free")))
-    return BankSet(neutral, model=model, gamma=banks.gamma, size_normalize=banks.size_normalize)
+    return BankSet(neutral, model=model, gamma=banks.gamma, size_normalize=banks.size_normalize,
+                   contrast=banks.contrast)

@@ -12,6 +12,10 @@ Three recipes turn a persona text into banks (:data:`RECIPES`):
 - ``exemplars``: ``prompt_like`` over the text followed by example replies in the persona's
   voice (the target replies of some of the user's pairs, which the search then does not score):
   a small model imitates examples far better than it follows a description.
+- ``contrast``: two ``exemplars`` banks, the text followed by the persona's replies (target) and
+  by the replies without it (reference) to the same prompts, steering by the difference of their
+  mixtures (:attr:`~hf_memory.banks.bank_set.BankSet.contrast`): what the two share (the text, the
+  reply form) cancels, so a nat of neutral cost buys more movement (measured in BENCHMARKS.md).
 
 :func:`calibrate_persona` builds each recipe, calibrates a budgeted behavioural selector for it
 (:meth:`~hf_memory.selection.selector.Selector.calibrate_behavioural`: the most movement within the
@@ -44,6 +48,8 @@ RECIPES = {
     "descriptor": {"placement": "free", "size_normalize": True, "exemplars": False},
     "prompt_like": {"placement": "before", "size_normalize": False, "exemplars": False},
     "exemplars": {"placement": "before", "size_normalize": False, "exemplars": True},
+    "contrast": {"placement": "before", "size_normalize": False, "exemplars": True,
+                 "contrast": True},
 }
 DEFAULT_RECIPES = ("prompt_like", "exemplars")
 MAX_EXEMPLARS = 8
@@ -58,21 +64,33 @@ def exemplar_text(text: str, exemplars: Sequence[str]) -> str:
 
 
 def persona_banks(model, tokenizer, text: str, *, recipe: str = "prompt_like",
-                  exemplars: Sequence[str] = (), name: str = "persona") -> BankSet:
+                  exemplars: Sequence[str] = (), counter_exemplars: Sequence[str] = (),
+                  name: str = "persona") -> BankSet:
     """The bank set of ``recipe`` (:data:`RECIPES`) for ``text`` (and ``exemplars``, which the
-    ``exemplars`` recipe needs), as a system message, every layer, bank gain 1."""
+    ``exemplars`` and ``contrast`` recipes need; ``counter_exemplars``, replies without the
+    persona, which ``contrast`` needs), as a system message, every layer, bank gain 1."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     spec = RECIPES[recipe]
-    if spec["exemplars"]:
-        exemplars = [e for e in exemplars if isinstance(e, str) and e.strip()]
-        if not exemplars:
-            raise ValueError("the exemplars recipe needs example replies (exemplars=[...])")
-        text = exemplar_text(text, exemplars)
-    bank = MemoryBank.from_text(model, tokenizer, text, role="target", name=name,
-                                template="{text}", context="system",
-                                placement=spec["placement"])
-    return BankSet([bank], model=model, size_normalize=spec["size_normalize"])
+    contrast = spec.get("contrast", False)
+
+    def bank(examples: Sequence[str], argument: str, what: str, role: str,
+             bank_name: str) -> MemoryBank:
+        body = text
+        if spec["exemplars"]:
+            examples = [e for e in examples if isinstance(e, str) and e.strip()]
+            if not examples:
+                raise ValueError(f"the {recipe} recipe needs {what} ({argument}=[...])")
+            body = exemplar_text(text, examples)
+        return MemoryBank.from_text(model, tokenizer, body, role=role, name=bank_name,
+                                    template="{text}", context="system",
+                                    placement=spec["placement"])
+
+    banks = [bank(exemplars, "exemplars", "example replies", "target", name)]
+    if contrast:
+        banks.append(bank(counter_exemplars, "counter_exemplars", "replies without the persona",
+                          "reference", f"{name}-counter"))
+    return BankSet(banks, model=model, size_normalize=spec["size_normalize"], contrast=contrast)
 
 
 @dataclass
@@ -149,19 +167,23 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
                          "cost_budget=None)")
     found = []
     for recipe in dict.fromkeys(recipes):
-        exemplars, scored = [], pairs
+        exemplars, counter, scored = [], [], pairs
         if RECIPES[recipe]["exemplars"]:
             count = min(max_exemplars, len(pairs) // 3)
             if count < 1:
-                raise ValueError(f"the exemplars recipe needs at least 3 pairs, got {len(pairs)}")
+                raise ValueError(f"the {recipe} recipe needs at least 3 pairs, got {len(pairs)}")
             scored, examples = split_pairs(pairs, count)
             exemplars = [target for _, target, _ in examples]
-        banks = persona_banks(model, tokenizer, text, recipe=recipe, exemplars=exemplars)
+            counter = [reference for _, _, reference in examples]
+        banks = persona_banks(model, tokenizer, text, recipe=recipe, exemplars=exemplars,
+                              counter_exemplars=counter)
         selector = Selector.calibrate_behavioural(
             model, tokenizer, banks, scored, cost_budget=cost_budget, top_layers=top_layers,
             progress=progress, **search)
         selector.config["bank_recipe"] = {"recipe": recipe, "text": text,
                                           "exemplars": exemplars}
+        if banks.contrast:
+            selector.config["bank_recipe"]["counter_exemplars"] = counter
         found.append((banks, selector, _trial(recipe, selector, len(exemplars))))
 
     def held_out(trial: dict[str, Any]) -> float:

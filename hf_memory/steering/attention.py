@@ -4,8 +4,10 @@
 layer where the running call's steering (:data:`ACTIVE_STEERING`) has a site, the banks join the
 history in one softmax: merged into the stock kernel's output by its log-sum-exp
 (:mod:`hf_memory.steering.stock_attention`) where that kernel applies, else by recomputing the
-history beside it (:func:`~hf_memory.steering.mixture.bank_mixture`, the reference). Layers and
-heads without a site call the stock function unchanged.
+history beside it (:func:`~hf_memory.steering.mixture.bank_mixture`, the reference). A contrast
+site (:attr:`~hf_memory.banks.bank_set.BankSet.contrast`) computes both mixtures from the same
+history and writes o_h + s·(o_{h,target} − o_{h,reference}). Layers and heads without a site call
+the stock function unchanged.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class SiteState:
     path: str = "auto"
     kv_index: torch.Tensor | None = None  # [Hs] the KV head of each of ``heads``
     head_slots: HeadSlots | None = None  # the stack gathered for ``heads`` (log-sum-exp path)
+    minus: BankStack | None = None  # a contrast site's reference bank (subtracted)
+    minus_slots: HeadSlots | None = None
 
 
 # The steering of the running call (None: plain). Each thread starts with none; asyncio tasks and
@@ -90,11 +94,16 @@ def _base_attention(name: str, module: nn.Module):
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
-def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState) -> None:
+def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState,
+                   against: torch.Tensor | None = None) -> None:
     """Put the site's heads of ``mixed`` ``[B, H, T, D]`` into ``output`` ``[B, T, H, D]``: the
-    mixture, or at strength s < 1 the plain output moved the fraction s of the way to it."""
+    mixture, or at strength s < 1 the plain output moved the fraction s of the way to it; with
+    ``against`` (a contrast site's reference mixture) the plain output plus s·(mixed − against)."""
     steered = mixed[:, site.heads]
-    if site.strength != 1.0:  # (the plain heads are only gathered when they are needed)
+    if against is not None:
+        plain = output[:, :, site.heads].transpose(1, 2)
+        steered = plain.to(steered.dtype) + site.strength * (steered - against[:, site.heads])
+    elif site.strength != 1.0:  # (the plain heads are only gathered when they are needed)
         steered = toward(output[:, :, site.heads].transpose(1, 2), steered, site.strength)
     output[:, :, site.heads] = steered.transpose(1, 2).to(output.dtype)
 
@@ -136,10 +145,31 @@ def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
                                  dtype=dtype).log_()
     else:
         log_count = visible.sum(-1).clamp_(min=1).to(dtype).log_()
-    return bank_mixture_by_lse(history, lse, q_pre, query, site.head_slots, scaling=scaling,
-                               log_count=log_count, gamma=site.gamma,
-                               size_normalize=site.size_normalize, strength=site.strength,
-                               out_dtype=query.dtype)
+    def mixture(slots: HeadSlots, strength: float, out_dtype) -> torch.Tensor:
+        return bank_mixture_by_lse(history, lse, q_pre, query, slots, scaling=scaling,
+                                   log_count=log_count, gamma=site.gamma,
+                                   size_normalize=site.size_normalize, strength=strength,
+                                   out_dtype=out_dtype)
+
+    if site.minus_slots is None:
+        return mixture(site.head_slots, site.strength, query.dtype)
+    difference = mixture(site.head_slots, 1.0, None) - mixture(site.minus_slots, 1.0, None)
+    steered = history.transpose(1, 2).to(dtype) + site.strength * difference
+    return steered.to(query.dtype)
+
+
+def _mixtures(q_pre, query, key, value, visible, site: SiteState, scaling: float,
+              kwargs: Mapping[str, Any]):
+    """The reference path's mixture at ``site`` (recomputing the history), a contrast site's
+    reference mixture (else None) and the routing (when recorded: the target's)."""
+    def mixture(stack: BankStack, with_routing: bool):
+        return bank_mixture(q_pre, query, key, value, visible, stack, scaling=scaling,
+                            gamma=site.gamma, size_normalize=site.size_normalize,
+                            with_routing=with_routing, softcap=kwargs.get("softcap"))
+
+    mixed, routing = mixture(site.stack, site.record_routing)
+    against = None if site.minus is None else mixture(site.minus, False)[0]
+    return mixed, against, routing
 
 
 def _steered_attention(base_name: str):
@@ -186,28 +216,24 @@ def _steered_attention(base_name: str):
                                    dropout=dropout, **kwargs)
             for rows, site in groups:
                 seen = visible if visible is None or visible.shape[0] == 1 else visible[rows]
-                mixed, _ = bank_mixture(
-                    q_pre[rows], query[rows], key[rows], value[rows], seen, site.stack,
-                    scaling=scaling, gamma=site.gamma, size_normalize=site.size_normalize,
-                    softcap=kwargs.get("softcap"))
+                mixed, against, _ = _mixtures(q_pre[rows], query[rows], key[rows],
+                                              value[rows], seen, site, scaling, kwargs)
                 part = output[rows]
-                _write_steered(part, mixed, site)
+                _write_steered(part, mixed, site, against)
                 output[rows] = part
             return output, weights
-        mixed, routing = bank_mixture(
-            q_pre, query, key, value, visible, site.stack, scaling=scaling, gamma=site.gamma,
-            size_normalize=site.size_normalize, with_routing=site.record_routing,
-            softcap=kwargs.get("softcap"))
+        mixed, against, routing = _mixtures(q_pre, query, key, value, visible, site, scaling,
+                                            kwargs)
         if site.record_routing:
             site.routing.append(routing[:, site.heads].detach())
         if site.trace_only:
             return base(module, query, key, value, attention_mask, scaling=scaling,
                         dropout=dropout, **kwargs)
-        if site.all_heads and site.strength == 1.0:
+        if site.all_heads and site.strength == 1.0 and against is None:
             return mixed.transpose(1, 2).to(query.dtype), None
         output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                dropout=dropout, **kwargs)
-        _write_steered(output, mixed, site)
+        _write_steered(output, mixed, site, against)
         return output, weights
 
     return attention

@@ -194,16 +194,18 @@ class SteeringHandle(CallSteering):
 
     def _site_state(self, plan, device: torch.device) -> SiteState:
         heads = torch.tensor(plan.heads, device=device, dtype=torch.long)
-        kv_index = head_slots = None
+        kv_index = head_slots = minus_slots = None
         if plan.stack is not None:
             kv_index = heads // (self._heads // plan.stack.keys.shape[0])
             head_slots = HeadSlots.of(plan.stack, kv_index)
+            if plan.minus is not None:
+                minus_slots = HeadSlots.of(plan.minus, kv_index)
         return SiteState(
             heads=heads, stack=plan.stack, all_heads=len(plan.heads) == self._heads,
             gamma=plan.gamma, size_normalize=plan.size_normalize,
             record_routing=self._record_routing, trace_only=self._trace_only,
             strength=self._site_strength, path=self._mixture_path, kv_index=kv_index,
-            head_slots=head_slots)
+            head_slots=head_slots, minus=plan.minus, minus_slots=minus_slots)
 
     @property
     def _site_strength(self) -> float:

@@ -8,7 +8,7 @@ into :class:`SitePlan` objects, so the two compute the same mixture from the sam
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,12 +22,15 @@ __all__ = ["SitePlan", "expand_units", "plan_sites", "prepare_bank"]
 
 @dataclass(frozen=True)
 class SitePlan:
-    """One steered layer: the query heads it steers and its banks (None: no bank covers it)."""
+    """One steered layer: the query heads it steers and its banks (None: no bank covers it);
+    for a contrast bank set (:attr:`BankSet.contrast`) ``stack`` holds the target bank and
+    ``minus`` the reference bank, each scored as a bank alone (gain ρλ, no gate)."""
 
     heads: list[int]
     stack: BankStack | None
     gamma: float
     size_normalize: bool
+    minus: BankStack | None = None
 
 
 def prepare_bank(bank: MemoryBank, row: int, rotary: Callable, device, dtype) -> PreparedBank:
@@ -120,9 +123,14 @@ def plan_sites(
         prepared = [prepare_bank(bank, bank.layer_index(layer), rotary(layer), device, dtype)
                     for bank in bank_set.banks if bank.layer_index(layer) is not None]
         rho = float(gains.get(layer, gains.get(str(layer), 1.0)))
+        minus = None
+        if bank_set.contrast and prepared:
+            minus = BankStack.of([replace(bank, role="target") for bank in prepared
+                                  if bank.role == "reference"], rho=rho, size_normalize=normalize)
+            prepared = [bank for bank in prepared if bank.role == "target"]
         plans[layer] = SitePlan(
             heads=heads,
             stack=BankStack.of(prepared, rho=rho, size_normalize=normalize) if prepared else None,
             gamma=bank_set.gamma if gamma is None else float(gamma),
-            size_normalize=normalize)
+            size_normalize=normalize, minus=minus)
     return plans
