@@ -108,3 +108,20 @@ def test_contrast_sets_need_one_target_and_one_reference_over_the_same_layers():
                                     role="reference", layers=(0, 1))
     with pytest.raises(ValueError, match="cover the same layers"):
         BankSet([target, short], contrast=True)
+
+
+@pytest.mark.parametrize("path", ["auto", "reference"])
+def test_a_contrast_row_in_a_shared_batch_is_steered_as_alone(path):
+    model = tiny_model("llama")
+    ids, mask = padded_batch()
+    contrast = BankSet(list(pair()), size_normalize=False, contrast=True)
+    rows = [contrast, None, BankSet([bank("t2", "target", 6, seed=7)])]
+    with steer(model, rows, mixture_path=path, layers=[1, 2]):
+        batch = model(ids, attention_mask=mask).logits
+    for row, banks in enumerate(rows):
+        if banks is None:
+            alone = model(ids[row:row + 1], attention_mask=mask[row:row + 1]).logits
+        else:
+            with steer(model, banks, mixture_path=path, layers=[1, 2]):
+                alone = model(ids[row:row + 1], attention_mask=mask[row:row + 1]).logits
+        torch.testing.assert_close(batch[row:row + 1], alone, **TOL)
