@@ -4,7 +4,7 @@ pirate persona of make demo")?
 Greedy replies (32 tokens) to four everyday questions; per method the share of the replies'
 words in the persona's lexicon (:func:`hf_memory.metrics.text_quality.lexicon_rate`) and the cost
 (ΔNLL per token of the shipped neutral text): the visible prompt, memory at the shipped
-selector's sites over ρ, and the ``exemplars`` recipe at two layer sets over ρ.
+selector's sites over ρ, and the ``exemplars`` and ``contrast`` recipes at two layer sets over ρ.
 Usage: python benchmarks/mi_persona_voice.py [--persona pirate]
 """
 
@@ -53,6 +53,14 @@ def main() -> None:
         for rho in (0.0, 1.0, 2.0):
             row(f"exemplars, layers {layers}, rho {rho:g}",
                 MemoryMethod(exemplars, layers=layers, layer_gains=dict.fromkeys(layers, rho)))
+    contrast = persona_banks(model, tokenizer, spec["text"], recipe="contrast",
+                             exemplars=[target for _, target, _ in examples],
+                             counter_exemplars=[reference for _, _, reference in examples])
+    for first in (4, 8):
+        layers = list(range(first, model.config.num_hidden_layers))
+        for rho in (0.0, 0.5, 1.0, 1.5, 2.0):
+            row(f"contrast, layers {first}-{layers[-1]}, rho {rho:g}",
+                MemoryMethod(contrast, layers=layers, layer_gains=dict.fromkeys(layers, rho)))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from hf_memory.recipes.persona import DEFAULT_RECIPES, RECIPES
+
 from .errors import CLIError
 from .memory import selector_line
 from .model_loading import add_model_arguments, load_model
@@ -373,7 +375,7 @@ def _steering_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _recipes(text: str) -> list[str]:
-    known = ("descriptor", "prompt_like", "exemplars")
+    known = tuple(RECIPES)
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in known]
     if unknown or not names:
@@ -479,10 +481,11 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
                               "recommended)")
     persona.add_argument("--out", required=True, metavar="DIR",
                          help="the bank set folder (its selector goes to DIR/selector)")
-    persona.add_argument("--recipes", type=_recipes, default=["prompt_like", "exemplars"],
+    persona.add_argument("--recipes", type=_recipes, default=list(DEFAULT_RECIPES),
                          metavar="LIST",
-                         help="comma-separated bank recipes to try (default: "
-                              "prompt_like,exemplars; also descriptor)")
+                         help=f"comma-separated bank recipes to try (default: "
+                              f"{','.join(DEFAULT_RECIPES)}; also "
+                              f"{','.join(r for r in RECIPES if r not in DEFAULT_RECIPES)})")
     _search_arguments(persona, top_layers=6)
     _pair_arguments(persona)
     add_model_arguments(persona)

@@ -51,7 +51,7 @@ RECIPES = {
     "contrast": {"placement": "before", "size_normalize": False, "exemplars": True,
                  "contrast": True},
 }
-DEFAULT_RECIPES = ("prompt_like", "exemplars")
+DEFAULT_RECIPES = ("prompt_like", "exemplars", "contrast")
 MAX_EXEMPLARS = 8
 REPORT_NAME = "persona.json"
 CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14, 18 of 30
@@ -152,7 +152,8 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     :meth:`~hf_memory.selection.selector.Selector.calibrate_behavioural`); the ``exemplars`` recipe
     takes
     the target replies of up to ``max_exemplars`` pairs (a third at most, spread over the list)
-    as its examples and is calibrated on the other pairs. The recipe kept is the one whose
+    as its examples and is calibrated on the other pairs; the ``contrast`` recipe takes the same
+    pairs' target and reference replies for its two banks. The recipe kept is the one whose
     sites move the validation pairs furthest (net of the neutral control; the calibration
     movement where no validation split was possible).
     """
