@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from hf_memory.recipes.persona import DEFAULT_RECIPES, RECIPES
+from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES
 
 from .errors import CLIError
 from .memory import selector_line

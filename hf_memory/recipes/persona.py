@@ -37,6 +37,7 @@ from hf_memory.artifacts.atomic_files import write_json
 from hf_memory.banks.bank import MemoryBank
 from hf_memory.banks.bank_set import BankSet
 from hf_memory.metrics.likelihood import check_pairs
+from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES
 from hf_memory.selection.behavioural_calibration import split_pairs
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
 from hf_memory.selection.selector import Selector
@@ -44,14 +45,6 @@ from hf_memory.selection.selector import Selector
 __all__ = ["CAA_LAYERS", "CAA_SCALES", "DEFAULT_RECIPES", "RECIPES", "PersonaSteering",
            "calibrate_caa", "calibrate_persona", "exemplar_text", "persona_banks"]
 
-RECIPES = {
-    "descriptor": {"placement": "free", "size_normalize": True, "exemplars": False},
-    "prompt_like": {"placement": "before", "size_normalize": False, "exemplars": False},
-    "exemplars": {"placement": "before", "size_normalize": False, "exemplars": True},
-    "contrast": {"placement": "before", "size_normalize": False, "exemplars": True,
-                 "contrast": True},
-}
-DEFAULT_RECIPES = ("prompt_like", "exemplars", "contrast")
 MAX_EXEMPLARS = 8
 REPORT_NAME = "persona.json"
 CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14, 18 of 30
