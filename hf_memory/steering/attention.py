@@ -145,16 +145,14 @@ def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
                                  dtype=dtype).log_()
     else:
         log_count = visible.sum(-1).clamp_(min=1).to(dtype).log_()
-    def mixture(slots: HeadSlots, strength: float, out_dtype) -> torch.Tensor:
-        return bank_mixture_by_lse(history, lse, q_pre, query, slots, scaling=scaling,
-                                   log_count=log_count, gamma=site.gamma,
-                                   size_normalize=site.size_normalize, strength=strength,
-                                   out_dtype=out_dtype)
-
+    common = dict(scaling=scaling, log_count=log_count, gamma=site.gamma,
+                  size_normalize=site.size_normalize)
     if site.minus_slots is None:
-        return mixture(site.head_slots, site.strength, query.dtype)
-    difference = mixture(site.head_slots, 1.0, None) - mixture(site.minus_slots, 1.0, None)
-    steered = history.transpose(1, 2).to(dtype) + site.strength * difference
+        return bank_mixture_by_lse(history, lse, q_pre, query, site.head_slots,
+                                   strength=site.strength, out_dtype=query.dtype, **common)
+    plus, minus = (bank_mixture_by_lse(history, lse, q_pre, query, slots, **common)
+                   for slots in (site.head_slots, site.minus_slots))
+    steered = history.transpose(1, 2).to(dtype) + site.strength * (plus - minus)
     return steered.to(query.dtype)
 
 
