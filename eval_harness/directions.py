@@ -35,6 +35,7 @@ from hf_memory.recipes.calibration_data import (
     calibration_prompts,
     direction_parts,
 )
+from hf_memory.recipes.persona_recipes import RECIPES
 from hf_memory.recipes.shipped import selectors_dir
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS, pairs_digest
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength, check_weight
@@ -70,7 +71,12 @@ class TraitSteeringConfig:
     """Knobs of the task (recorded in the results). ``cost_texts``: measure the cost budget on
     the first N shipped neutral passages and prompts (None: all of them). ``validation``: the
     fraction of the calibration pairs the budgeted selector search holds out to drop sites
-    that do not hold there (0, the shipped selectors' recipe: every pair searched)."""
+    that do not hold there (0, the shipped selectors' recipe: every pair searched).
+    ``persona_recipes``: calibrate memory by a user's one-line call instead
+    (:func:`~hf_memory.recipes.persona.calibrate_persona` over the target descriptor and the
+    calibration pairs: these bank recipes, exemplars taken from the pairs, the recipe that
+    holds best on its validation split kept; ``validation`` 0 leaves the call's own split);
+    None: the descriptor bank of the shipped selectors."""
 
     directions: Sequence[str] = DIRECTIONS
     limit: int | None = None
@@ -96,6 +102,7 @@ class TraitSteeringConfig:
     num_bootstrap: int = 1000
     seed: int = 0
     selectors_dir: str | None = None
+    persona_recipes: Sequence[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -112,6 +119,15 @@ class TraitSteeringConfig:
                 self.cost_texts, int) or self.cost_texts < 1):
             raise ValueError(f"cost_texts must be a positive integer or None, got "
                              f"{self.cost_texts!r}")
+        if self.persona_recipes is not None:
+            self.persona_recipes = list(self.persona_recipes)
+            unknown = [r for r in self.persona_recipes if r not in RECIPES]
+            if unknown or not self.persona_recipes:
+                raise ValueError(f"persona_recipes must be among {sorted(RECIPES)}, got "
+                                 f"{self.persona_recipes}")
+            if self.cost_budget is None:
+                raise ValueError("persona_recipes calibrate within a cost budget: give "
+                                 "cost_budget")
         if isinstance(self.layer_stride, bool) or not isinstance(self.layer_stride, int) or (
                 self.layer_stride < 1):
             raise ValueError(f"layer_stride must be a positive integer, got "
@@ -248,7 +264,9 @@ def site_mass(model, tokenizer, method: MemoryMethod, prompts: Sequence[str]) ->
         model(**batch, use_cache=False)
         routing = handle.routing()
     valid = batch["attention_mask"].bool()
-    names = ["prompt", *[b.name for b in method.banks]]
+    # a contrast set's routing is its target side's (the reference mixture is subtracted)
+    names = ["prompt", *[b.name for b in method.banks
+                         if not method.banks.contrast or b.role == "target"]]
     masses = {}
     for layer, (pi,) in routing.items():
         mean = pi.float().mean(1)[valid].mean(0)  # over heads, then valid positions
@@ -284,6 +302,9 @@ def direction_memory(model, tokenizer, direction: str, config: TraitSteeringConf
     if cost is None and config.cost_budget is not None:
         cost = NeutralCost(model, tokenizer, batch_size=config.batch_size,
                            **neutral_sample(config.cost_texts))
+    if config.persona_recipes:
+        found = _persona_memory(model, tokenizer, direction, target, pairs, drift, config, cost)
+        return found.banks.banks[0], found.banks, found.selector
     # named as the demo's persona_bank, so that the shipped selectors match when the recipe does
     target_bank = direction_bank(model, tokenizer, target, "target", "persona", config)
     banks = BankSet([target_bank], model=model)
@@ -291,6 +312,24 @@ def direction_memory(model, tokenizer, direction: str, config: TraitSteeringConf
     selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config, direction,
                                     control=control, cost=cost)
     return target_bank, banks, selector
+
+
+def _persona_memory(model, tokenizer, direction: str, target: str, pairs, drift,
+                    config: TraitSteeringConfig, cost: NeutralCost):
+    """The user's one-line call on the direction's descriptor and pairs (saved, with every
+    recipe's trial, under ``config.selectors_dir / "<direction>-persona"``)."""
+    from hf_memory.recipes.persona import calibrate_persona
+
+    split = {"validation": config.validation} if config.validation else {}
+    found = calibrate_persona(
+        model, tokenizer, target, pairs, recipes=config.persona_recipes,
+        cost_budget=config.cost_budget, top_layers=config.top_layers, drift_pairs=drift,
+        candidate_layers=config.candidate_layers, uncertainty_weight=config.uncertainty_weight,
+        batch_size=config.batch_size, cost=cost, layer_stride=config.layer_stride,
+        progress=False, **split)
+    if config.selectors_dir:
+        found.save_pretrained(Path(config.selectors_dir) / f"{direction}-persona")
+    return found
 
 
 def calibrate_direction(model, tokenizer, direction: str,
@@ -329,7 +368,9 @@ def calibrate_direction(model, tokenizer, direction: str,
                    "search": selector.config["history"], "objective": selector.config["best"],
                    "routing_mass": site_mass(model, tokenizer, methods["memory"],
                                               calibration_prompts()[:4]),
-                   "bank_slots": target_bank.num_slots},
+                   "bank_slots": target_bank.num_slots,
+                   "bank_recipe": selector.config.get("bank_recipe", {}).get("recipe",
+                                                                        "descriptor")},
     }
     return FrozenDirection(direction, target, reference, target_bank, reference_bank, banks,
                            selector, methods, setup)

@@ -23,6 +23,7 @@ from .types import (
     layer_spec,
     non_negative,
     non_negative_int,
+    persona_recipes,
     positive_int,
     unit_interval,
 )
@@ -276,6 +277,8 @@ def _eval(args: argparse.Namespace) -> None:
     from eval_harness.report import render_report
     from eval_harness.runner import run_task
 
+    if args.persona_recipes and args.task != "trait-steering":
+        raise ValueError(f"--persona-recipes is a trait-steering option, not {args.task}'s")
     out = Path(args.out or f"results/{args.task}")
     if args.top_layers is None:  # each task's own default layer budget
         args.top_layers = 3 if args.task == "persona-ab" else 5
@@ -308,6 +311,7 @@ def _eval(args: argparse.Namespace) -> None:
                                        num_bootstrap=args.bootstrap, seed=args.seed,
                                        cost_texts=args.cost_texts,
                                        validation=args.validation,
+                                       persona_recipes=args.persona_recipes,
                                        selectors_dir=args.selectors or str(out / "selectors"))
         run = run_trait_steering if args.task == "trait-steering" else run_layer_ablation
         path = run_task(args.task, lambda: run(model, tokenizer, steering),
@@ -466,6 +470,11 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="trait-steering, layer-ablation: hold this fraction of the calibration "
                           "pairs out of the selector search and drop the sites that do not hold "
                           "on it (default: 0, the shipped selectors' recipe)")
+    run.add_argument("--persona-recipes", type=persona_recipes, metavar="LIST",
+                     help="trait-steering: calibrate memory by the one-line persona call with "
+                          "these bank recipes (e.g. prompt_like,exemplars,contrast; exemplars "
+                          "come from the calibration pairs) instead of the shipped selectors' "
+                          "descriptor bank")
     run.add_argument("--sets", type=_csv(PERSONA_SETS), default=list(PERSONA_SETS),
                      metavar="S,S,...",
                      help=f"persona-ab: persona A/B sets among {', '.join(PERSONA_SETS)} "

@@ -21,7 +21,7 @@ from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES
 from .errors import CLIError
 from .memory import selector_line
 from .model_loading import add_model_arguments, load_model
-from .types import layer_spec, non_negative, positive_int, strength
+from .types import layer_spec, non_negative, persona_recipes, positive_int, strength
 
 __all__ = ["add_steering_parsers"]
 
@@ -374,16 +374,6 @@ def _steering_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
 
 
-def _recipes(text: str) -> list[str]:
-    known = tuple(RECIPES)
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in known]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"recipes must be among {', '.join(known)}, got "
-                                         f"{text!r}")
-    return names
-
-
 def _text_arguments(parser: argparse.ArgumentParser, text_help: str) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help=text_help)
@@ -471,17 +461,19 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
         "persona", help="your own persona in one command: banks and a selector",
         description="Build the persona's banks by each recipe (prompt_like: the text where a "
                     "visible system prompt would sit; exemplars: the text and example replies "
-                    "from the pairs; descriptor: the paper's bank), calibrate a selector for "
-                    "each within the cost budget on the pairs (a third held out to drop sites "
-                    "that do not hold), and keep the recipe that moves the held-out pairs "
-                    "furthest. Without --pairs, starter pairs are written first.")
+                    "from the pairs; contrast: two such banks, the pairs' persona replies "
+                    "against their other replies, steering by the difference; descriptor: the "
+                    "paper's bank), calibrate a selector for each within the cost budget on the "
+                    "pairs (a third held out to drop sites that do not hold), and keep the "
+                    "recipe that moves the held-out pairs furthest. Without --pairs, starter "
+                    "pairs are written first.")
     _text_arguments(persona, "the persona, e.g. 'I am always cheerful.'")
     persona.add_argument("--pairs", metavar="FILE",
                          help="JSON lines of {prompt, target, reference}, at least 8 (~20 "
                               "recommended)")
     persona.add_argument("--out", required=True, metavar="DIR",
                          help="the bank set folder (its selector goes to DIR/selector)")
-    persona.add_argument("--recipes", type=_recipes, default=list(DEFAULT_RECIPES),
+    persona.add_argument("--recipes", type=persona_recipes, default=list(DEFAULT_RECIPES),
                          metavar="LIST",
                          help=f"comma-separated bank recipes to try (default: "
                               f"{','.join(DEFAULT_RECIPES)}; also "

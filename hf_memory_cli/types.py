@@ -6,8 +6,7 @@ import argparse
 import math
 
 __all__ = ["device", "finite", "layer_spec", "non_negative", "non_negative_int", "parse_layers",
-           "positive_float",
-           "positive_int", "strength", "unit_interval"]
+           "persona_recipes", "positive_float", "positive_int", "strength", "unit_interval"]
 
 
 def device(text: str) -> str:
@@ -97,3 +96,15 @@ def layer_spec(text: str) -> list[int]:
         return parse_layers(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def persona_recipes(text: str) -> list[str]:
+    """Comma-separated persona bank recipes (:data:`hf_memory.recipes.persona_recipes.RECIPES`)."""
+    from hf_memory.recipes.persona_recipes import RECIPES
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in RECIPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"recipes must be among {', '.join(RECIPES)}, got "
+                                         f"{text!r}")
+    return names
