@@ -209,6 +209,27 @@ def test_calibrate_persona_keeps_the_recipe_that_holds_and_round_trips(chat_tiny
     assert loaded.banks.size_normalize is False
 
 
+@pytest.mark.slow
+def test_the_default_call_measures_every_recipe_on_one_neutral_text(chat_tiny, monkeypatch):
+    """Without a ``cost``, the recipes share one NeutralCost (its plain pass and greedy replies
+    computed once), and each recipe's search measures its cost on it."""
+    import hf_memory.recipes.persona as persona_module
+
+    made = []
+
+    class Counted(NeutralCost):
+        def __post_init__(self):
+            made.append(self)
+            super().__post_init__()
+
+    monkeypatch.setattr(persona_module, "NeutralCost", Counted)
+    model, tokenizer = chat_tiny
+    found = calibrate_persona(model, tokenizer, TEXT, PAIRS, top_layers=1, unit_search=False,
+                              progress=False)
+    assert [t["recipe"] for t in found.trials] == ["prompt_like", "exemplars", "contrast"]
+    assert len(made) == 1 and made[0].evaluations >= 3
+
+
 def test_calibrate_persona_contrast_recipe_uses_the_held_back_pairs_and_round_trips(
         chat_tiny, tmp_path):
     model, tokenizer = chat_tiny

@@ -37,6 +37,7 @@ from hf_memory.artifacts.atomic_files import write_json
 from hf_memory.banks.bank import MemoryBank
 from hf_memory.banks.bank_set import BankSet
 from hf_memory.metrics.likelihood import check_pairs
+from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES
 from hf_memory.selection.behavioural_calibration import split_pairs
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
@@ -159,6 +160,8 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
         raise ValueError("calibrate_persona always runs within a cost budget; for the "
                          "unbudgeted search call Selector.calibrate_behavioural(..., "
                          "cost_budget=None)")
+    if search.get("cost") is None:  # one neutral text for every recipe (its plain pass once)
+        search["cost"] = NeutralCost(model, tokenizer, batch_size=search.get("batch_size", 16))
     found = []
     for recipe in dict.fromkeys(recipes):
         exemplars, counter, scored = [], [], pairs
@@ -200,7 +203,6 @@ def calibrate_caa(model, tokenizer, pairs: Sequence[tuple[str, str, str]], *,
     scale fits the budget, {"layer", "scale", "rows"})``."""
     from hf_memory.baselines.caa import CAAVectors
     from hf_memory.baselines.methods import CAAMethod
-    from hf_memory.metrics.steering_cost import NeutralCost
     from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
 
     check_pairs(pairs)
