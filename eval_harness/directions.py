@@ -35,7 +35,7 @@ from hf_memory.recipes.calibration_data import (
     calibration_prompts,
     direction_parts,
 )
-from hf_memory.recipes.persona_recipes import RECIPES
+from hf_memory.recipes.persona_recipes import check_recipes
 from hf_memory.recipes.shipped import selectors_dir
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS, pairs_digest
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength, check_weight
@@ -120,11 +120,7 @@ class TraitSteeringConfig:
             raise ValueError(f"cost_texts must be a positive integer or None, got "
                              f"{self.cost_texts!r}")
         if self.persona_recipes is not None:
-            self.persona_recipes = list(self.persona_recipes)
-            unknown = [r for r in self.persona_recipes if r not in RECIPES]
-            if unknown or not self.persona_recipes:
-                raise ValueError(f"persona_recipes must be among {sorted(RECIPES)}, got "
-                                 f"{self.persona_recipes}")
+            self.persona_recipes = check_recipes(self.persona_recipes, "persona_recipes")
             if self.cost_budget is None:
                 raise ValueError("persona_recipes calibrate within a cost budget: give "
                                  "cost_budget")

@@ -100,11 +100,9 @@ def layer_spec(text: str) -> list[int]:
 
 def persona_recipes(text: str) -> list[str]:
     """Comma-separated persona bank recipes (:data:`hf_memory.recipes.persona_recipes.RECIPES`)."""
-    from hf_memory.recipes.persona_recipes import RECIPES
+    from hf_memory.recipes.persona_recipes import check_recipes
 
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in RECIPES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"recipes must be among {', '.join(RECIPES)}, got "
-                                         f"{text!r}")
-    return names
+    try:
+        return check_recipes(name.strip() for name in text.split(",") if name.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -38,7 +38,7 @@ from hf_memory.banks.bank import MemoryBank
 from hf_memory.banks.bank_set import BankSet
 from hf_memory.metrics.likelihood import check_pairs
 from hf_memory.metrics.steering_cost import NeutralCost
-from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES
+from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import split_pairs
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
 from hf_memory.selection.selector import Selector
@@ -153,9 +153,7 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     """
     check_pairs(pairs)
     pairs = list(pairs)
-    unknown = [r for r in recipes if r not in RECIPES]
-    if unknown or not recipes:
-        raise ValueError(f"recipes must be among {sorted(RECIPES)}, got {list(recipes)}")
+    check_recipes(recipes)
     if cost_budget is None:
         raise ValueError("calibrate_persona always runs within a cost budget; for the "
                          "unbudgeted search call Selector.calibrate_behavioural(..., "
