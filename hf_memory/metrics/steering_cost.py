@@ -23,6 +23,7 @@ from torch import nn
 from hf_memory.chat.generation import chat_messages, generate_chat
 from hf_memory.data import load_json
 from hf_memory.metrics.likelihood import reply_logprobs
+from hf_memory.metrics.plain_states import PlainStates
 
 __all__ = ["NeutralCost", "cost_texts", "neutral_sample"]
 
@@ -59,7 +60,9 @@ class NeutralCost:
 
     Attributes:
         items: the scored ``(request, reply)`` pairs; ``replies``: the plain model's replies;
-        tokens: the replies' token count; plain: their log-probabilities under plain.
+        tokens: the replies' token count; plain: their log-probabilities under plain;
+        plain_states: the plain stream kept for them (memory steering's passes start at its
+        lowest site, :mod:`~hf_memory.metrics.plain_states`).
     """
 
     model: nn.Module
@@ -92,6 +95,8 @@ class NeutralCost:
                              "give neutral passages")
         self.tokens = sum(len(self.tokenizer(reply, add_special_tokens=False).input_ids)
                           for _, reply in self.items)
+        # measured again and again at other sites: steered passes start at their lowest site
+        self.plain_states = PlainStates(self.model)
         self.plain = self._logprobs(None)
 
     def _logprobs(self, method) -> torch.Tensor:
@@ -99,7 +104,7 @@ class NeutralCost:
                          for prompt, _ in self.items]
         return reply_logprobs(self.model, self.tokenizer, conversations,
                               [reply for _, reply in self.items], method=method,
-                              batch_size=self.batch_size)
+                              batch_size=self.batch_size, plain_states=self.plain_states)
 
     def measure(self, method) -> float:
         """Nats per token that ``method`` (anything with ``messages`` and ``attach``) adds to

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from hf_memory.banks.bank_set import BankSet
 from hf_memory.baselines.methods import MemoryMethod, Method
 from hf_memory.metrics.likelihood import ContrastPair, check_pairs, pair_margins
+from hf_memory.metrics.plain_states import PlainStates
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
@@ -115,8 +116,10 @@ class ShiftObjective:
         self._all = list(self.pairs) + [p for g in self.drift_pairs.values() for p in g]
         sizes = [len(self.pairs)] + [len(g) for g in self.drift_pairs.values()]
         self._bounds = [0, *torch.tensor(sizes).cumsum(0).tolist()]
+        # measured again and again at other sites: steered passes start at their lowest site
+        self.plain_states = PlainStates(self.model)
         self.plain = pair_margins(self.model, self.tokenizer, self._all,
-                                  batch_size=self.batch_size)
+                                  batch_size=self.batch_size, plain_states=self.plain_states)
 
     def split(self, shift: torch.Tensor) -> tuple[float, float, float]:
         """(target movement, its standard error, drift) of per-pair shifts ordered as pairs,
@@ -135,12 +138,14 @@ class ShiftObjective:
         of the control's (``presence``: its mean), so what any bank does there cannot score."""
         self.evaluations += 1
         shift = pair_margins(self.model, self.tokenizer, self._all, method=method,
-                             batch_size=self.batch_size) - self.plain
+                             batch_size=self.batch_size,
+                             plain_states=self.plain_states) - self.plain
         extra: dict[str, float] = {}
         if control is not None:
             count = len(self.pairs)
             presence = pair_margins(self.model, self.tokenizer, self.pairs, method=control,
-                                    batch_size=self.batch_size) - self.plain[:count]
+                                    batch_size=self.batch_size,
+                                    plain_states=self.plain_states) - self.plain[:count]
             shift = torch.cat([shift[:count] - presence, shift[count:]])
             extra["presence"] = float(presence.double().mean())
         if cost is None and self.cost is not None:
