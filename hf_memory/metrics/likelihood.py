@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hf_memory.chat.generation import assistant_prefix_length, chat_messages
-from hf_memory.metrics.plain_states import PlainStates
+from hf_memory.metrics.plain_states import PlainStates, left_padded
 
 __all__ = ["ContrastPair", "check_pairs", "log_probabilities", "pair_margins", "reply_logprobs"]
 
@@ -79,16 +79,9 @@ def reply_logprobs(model: nn.Module, tokenizer, conversations: Sequence[list[dic
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         joined = [tuple(h + r) for h, r in chunk]
-        width = max(len(h) + len(r) for h, r in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, (head_ids, reply_ids) in enumerate(chunk):
-            row = head_ids + reply_ids
-            ids[i, width - len(row):] = torch.tensor(row)
-            mask[i, width - len(row):] = 1
+        ids, mask, positions = left_padded(joined, pad, device)
+        width = ids.shape[1]
         ends = torch.tensor([width - len(r) - prefix for _, r in chunk], device=device)
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
         keep = max(len(r) for _, r in chunk) + 1  # logits of the reply positions only
         with method.attach(model, ends) if method is not None else nullcontext() as context:
             first = plain_states.start(context, joined) if reusing else 0

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_MAX_BYTES", "PlainStates"]
+__all__ = ["DEFAULT_MAX_BYTES", "PlainStates", "left_padded"]
 
 DEFAULT_MAX_BYTES = 512 * 2**20
 
@@ -136,7 +136,8 @@ class PlainStates:
 
     def _plain_check(self, layer: int) -> bool:
         keep = min(len(row) for row in self._sample)
-        ids, mask, positions = _batch(self._sample, self.model)
+        ids, mask, positions = left_padded(self._sample, 0,
+                                           next(self.model.parameters()).device)
         if self._sample_logits is None:
             with torch.no_grad():
                 self._sample_logits = self.model(input_ids=ids, attention_mask=mask,
@@ -180,15 +181,15 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
-def _batch(rows: Sequence[Row], model: nn.Module) -> tuple[torch.Tensor, ...]:
-    """``rows`` left-padded as :func:`~hf_memory.metrics.likelihood.reply_logprobs` pads them:
-    ids (padded with 0), mask and positions counted from each row's first real token."""
-    device = next(model.parameters()).device
+def left_padded(rows: Sequence[Row], pad: int, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rows`` as one left-padded batch: ids (padded with ``pad``), mask, and positions
+    counted from each row's first real token (as ``generate()`` counts them)."""
     width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, row in enumerate(rows):
         ids[i, width - len(row):] = torch.tensor(row)
         mask[i, width - len(row):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    return ids.to(device), mask.to(device), positions.to(device)
+    ids, mask = ids.to(device), mask.to(device)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp_min(0)
