@@ -18,12 +18,12 @@ import torch
 from hf_memory import MemoryMethod, PromptMethod, generate_with, load_default_model
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.metrics.text_quality import lexicon_rate
+from hf_memory.recipes.demo import DEFAULT_PROMPTS
 from hf_memory.recipes.persona import persona_banks
 from hf_memory.recipes.shipped import shipped_persona
 from hf_memory.selection.behavioural_calibration import split_pairs
 
-QUESTIONS = ("How do you feel about your exam tomorrow?", "What are your plans for the weekend?",
-             "Can you recommend a good book?", "What did you have for breakfast?")
+QUESTIONS = DEFAULT_PROMPTS  # make demo's
 
 
 def main() -> None:

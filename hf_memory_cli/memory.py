@@ -115,7 +115,7 @@ def add_memory_parsers(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--gain", type=non_negative, default=DEFAULT_GAIN,
                       help=f"bank gain lambda with --layers (default: {DEFAULT_GAIN})")
     demo.add_argument("--prompt", action="append", metavar="TEXT",
-                      help="a prompt to answer (repeatable; default: two built-in prompts)")
+                      help="a prompt to answer (repeatable; default: four built-in prompts)")
     demo.add_argument("--max-new-tokens", type=positive_int, default=40, metavar="N",
                       help="tokens to generate per answer (default: 40)")
     demo.set_defaults(handler=_demo)

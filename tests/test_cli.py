@@ -93,14 +93,17 @@ def test_demo_rejects_bad_options(argv, message):
 
 @pytest.mark.slow
 def test_the_default_demo_shows_the_shipped_persona_in_every_method(capsys):
-    assert cli.main(["demo", "--prompt", "What are your plans for the weekend?",
+    assert cli.main(["demo", "--prompt", "What did you have for breakfast?",
                      "--max-new-tokens", "24"]) == 0
     out = capsys.readouterr().out
     assert "# persona: pirate" in out and "[CAA (layer " in out and "recipe)]" in out
     line = next(x for x in out.splitlines() if x.startswith("persona words"))
     rates = dict(part.rsplit(" ", 1) for part in line.split(": ", 1)[1].split("; "))
-    assert set(rates) == {"plain", "prompt", "caa", "memory"}
+    assert set(rates) == {"plain", "prompt", "caa", "memory", "every_layer"}
     assert float(rates["prompt"]) > float(rates["plain"])  # a persona the model can voice
+    # memory at every layer, within the visible prompt's own cost, voices it too
+    assert float(rates["every_layer"]) > float(rates["plain"])
+    assert "the visible prompt's own cost" in out and "[memory, every layer (+" in out
     costs = next(x for x in out.splitlines() if x.startswith("cost ("))
     assert "plain +0.000" in costs and "; memory " in costs
     replies = {m: x for x in out.splitlines() for m in ("plain", "memory")

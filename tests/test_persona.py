@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from hf_memory import BankSet, MemoryBank, MemoryMethod, Selector
+from hf_memory import BankSet, MemoryBank, MemoryMethod, PromptMethod, Selector
 from hf_memory.banks.neutral_control import neutral_control, neutral_like
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.metrics.steering_cost import NeutralCost
@@ -277,15 +277,46 @@ def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypat
     written = json.loads((tmp_path / "persona.json").read_text())
     assert written["recipe"] == found.recipe and written["text"] == spec["text"]
     assert set(written["caa"]) == {"layer", "scale"} and "pairs" not in written
+    # the pirate is calibrated at the visible prompt's own cost, by the contrast recipe
+    assert written["cost_budget"] == "prompt" and written["recipes"] == ["contrast"]
+    prompt_cost = NeutralCost(model, tokenizer).measure(
+        PromptMethod(spec["text"], tokenizer=tokenizer))
+    assert written["budget"] == pytest.approx(prompt_cost, rel=1e-9, abs=1e-12)
+    assert found.recipe == "contrast" and written["counter_exemplars"]
+    # the every-layer configuration: the largest rho of the grid within the same budget
+    every = written["every_layer"]
+    cost = NeutralCost(model, tokenizer)
+    gains = sorted(shipped.EVERY_LAYER_GAINS)
+
+    def every_layer_cost(rho):
+        layers = list(range(model.config.num_hidden_layers))
+        return cost.measure(MemoryMethod(found.banks, layers=layers,
+                                         layer_gains=dict.fromkeys(layers, rho)))
+
+    if every is None:
+        assert every_layer_cost(gains[0]) > written["budget"]
+    else:
+        assert every["layers"] == list(range(model.config.num_hidden_layers))
+        assert every["rho"] in gains and every["cost"] <= written["budget"]
+        assert every["cost"] == pytest.approx(every_layer_cost(every["rho"]), abs=1e-12)
+        if every["rho"] < gains[-1]:
+            assert every_layer_cost(gains[gains.index(every["rho"]) + 1]) > written["budget"]
+    assert written["counter_exemplars"] == found.selector.config["bank_recipe"][
+        "counter_exemplars"]
     monkeypatch.setattr(shipped, "_persona_dir", lambda name: tmp_path)
     banks, selector, caa, loaded = shipped.shipped_persona(model, tokenizer, "pirate")
     assert selector.layers == found.selector.layers
     assert banks.banks[0].provenance["text"] == found.banks.banks[0].provenance["text"]
     assert (caa is None) == (written["caa"]["layer"] is None)
     result = demo.run_demo(model, tokenizer, prompts=["Hi?"], max_new_tokens=3)
-    assert set(result.answers) == {"plain", "prompt", "memory"} | ({"caa"} if caa else set())
+    assert set(result.answers) == ({"plain", "prompt", "memory"} | ({"caa"} if caa else set())
+                                   | ({"every_layer"} if every else set()))
     assert all("persona_words" in q for q in result.quality.values())
     assert "persona words" in demo.format_demo(result)
+    assert f"within {written['budget']:.3f}, the visible prompt's own cost" in \
+        demo.format_demo(result)
+    with pytest.raises(ValueError, match="non-negative number or 'prompt', got 'half'"):
+        shipped.build_persona(model, tokenizer, "pirate", out=tmp_path, cost_budget="half")
 
 
 def test_a_selector_folder_without_its_diagnostics_is_named(chat_tiny, tmp_path):

@@ -4,7 +4,8 @@ The default persona is one the embedded model visibly voices from a prompt (a pi
 in ``data/personas/<name>/``: its text, its calibration pairs (the model's own replies with and
 without the prompt), the lexicon that measures it, and what
 :func:`~hf_memory.recipes.shipped.build_persona` calibrated on
-those pairs within the cost budget — the memory selector with its bank recipe
+those pairs within the persona's cost budget (the pirate's: the visible prompt's own cost, so
+the methods are compared at the prompt's price) — the memory selector with its bank recipe
 (:func:`hf_memory.recipes.persona.calibrate_persona`) and CAA's layer and scale
 (:func:`hf_memory.recipes.persona.calibrate_caa`). The Big Five descriptors steer through the frozen
 selectors of ``data/selectors/<direction>`` (``hf-memory build-selector``); any other persona
@@ -33,6 +34,7 @@ from hf_memory.recipes.shipped import (
     shipped_persona_name,
     shipped_selector,
 )
+from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
 if TYPE_CHECKING:
     from hf_memory.metrics.kv_accounting import KVFootprint
@@ -45,6 +47,8 @@ DEFAULT_DIRECTION = "N+"
 DEFAULT_PROMPTS = (
     "How do you feel about your exam tomorrow?",
     "What are your plans for the weekend?",
+    "Can you recommend a good book?",
+    "What did you have for breakfast?",
 )
 DEFAULT_GAIN = 2.0  # bank gain when layers are hand-picked
 
@@ -61,7 +65,8 @@ def _automatic_selector(model, persona: str):
 
 @dataclass
 class DemoResult:
-    """Answers per method, the KV accounting of the descriptor, the steered sites, and per
+    """Answers per method, the KV accounting of the descriptor (``every_layer_footprint``: of a
+    shipped persona's every-layer configuration, when it has one), the steered sites, and per
     method the repetition of its answers (:func:`~hf_memory.metrics.text_quality.repetition`), its
     cost on neutral text (``cost``) and, for a persona with a lexicon, the share of its words
     (``persona_words``)."""
@@ -76,6 +81,7 @@ class DemoResult:
     units: dict[int, list[int]] | None = None
     persona: str = ""
     details: dict[str, str] = field(default_factory=dict)
+    every_layer_footprint: KVFootprint | None = None
 
 
 def run_demo(
@@ -91,7 +97,8 @@ def run_demo(
     max_new_tokens: int = 40,
 ) -> DemoResult:
     """Answer ``prompts`` plain, with ``persona`` as the system prompt, with CAA (a shipped
-    persona's) and memory-steered.
+    persona's) and memory-steered (the selector's sites; a shipped persona's every-layer
+    configuration beside them, when it has one).
 
     ``persona``: a shipped persona's name or text (its calibrated recipe, selector and CAA), or
     any descriptor. Sites: ``layers`` (hand-picked, all heads, the descriptor bank at gain
@@ -117,6 +124,10 @@ def run_demo(
         bank_set, selector, caa, spec = shipped_persona(model, tokenizer, shipped)
         persona, lexicon = spec["text"], spec.get("lexicon")
         details["memory"] = f"{spec['recipe']} recipe"
+        if spec.get("budget") is not None:
+            details["budget"] = (f"{spec['budget']:.3f}" + (", the visible prompt's own cost"
+                                                            if spec.get("cost_budget") == "prompt"
+                                                            else ""))
         if caa is not None:
             details["caa"] = f"layer {spec['caa']['layer']}, scale {spec['caa']['scale']:g}"
     else:
@@ -136,6 +147,12 @@ def run_demo(
     if caa is not None:
         methods["caa"] = caa
     methods["memory"] = memory
+    every_layer = spec.get("every_layer") if shipped is not None else None
+    if every_layer:
+        methods["every_layer"] = MemoryMethod(
+            bank_set, layers=every_layer["layers"],
+            layer_gains=dict.fromkeys(every_layer["layers"], every_layer["rho"]))
+        details["every_layer"] = f"rho {every_layer['rho']:g}"
     answers, seconds = {}, {}
     for name, method in methods.items():
         start = time.perf_counter()
@@ -146,6 +163,8 @@ def run_demo(
         seconds[name] = time.perf_counter() - start
     descriptor_ids = tokenizer(persona, return_tensors="pt", add_special_tokens=False).input_ids
     footprint = kv_footprint(model, bank_set, descriptor_ids, layers=sorted(sites))
+    every_layer_footprint = (kv_footprint(model, bank_set, descriptor_ids,
+                                          layers=every_layer["layers"]) if every_layer else None)
     quality = {name: repetition(replies) for name, replies in answers.items() if replies}
     neutral = NeutralCost(model, tokenizer)
     for name, method in methods.items():
@@ -156,7 +175,8 @@ def run_demo(
     return DemoResult(prompts, answers, footprint, seconds, sites, quality,
                       strength=selector.strength if selector is not None else 1.0,
                       units=dict(selector.units) if selector is not None else None,
-                      persona=persona, details=details)
+                      persona=persona, details=details,
+                      every_layer_footprint=every_layer_footprint)
 
 
 def format_demo(result: DemoResult) -> str:
@@ -170,6 +190,11 @@ def format_demo(result: DemoResult) -> str:
                   + (f", {result.details['memory']}" if "memory" in result.details else "")
                   + ")",
     }
+    if result.every_layer_footprint is not None:
+        every = result.every_layer_footprint
+        labels["every_layer"] = (f"memory, every layer (+{every.bank_bytes / 1024:.0f} KiB bank at "
+                                 f"{every.controlled_layers} layers, "
+                                 f"{result.details.get('every_layer', '')})")
     labels = {k: v for k, v in labels.items() if k in result.answers}
     lines = ["steered sites (layer: gain): " + ", ".join(f"{layer}: {gain:g}"
                                                           for layer, gain in result.sites.items())
@@ -185,7 +210,9 @@ def format_demo(result: DemoResult) -> str:
         f"{fp.controlled_layers} layers = {fp.bank_bytes:,} bytes; ratio {fp.actual_ratio:.1f}x "
         f"(idealised L*T/(L_ctrl*S) = {fp.idealised_ratio:.1f}x)")
     if any("cost" in q for q in result.quality.values()):
-        lines.append("cost (ΔNLL per token of neutral text; the selectors' budget is 0.1): "
+        budget = result.details.get("budget", f"{DEFAULT_COST_BUDGET:g}")
+        lines.append(f"cost (ΔNLL per token of neutral text; memory and CAA calibrated within "
+                     f"{budget}): "
                      + "; ".join(f"{k} {q['cost']:+.3f}" for k, q in result.quality.items()
                                  if "cost" in q))
     if any("persona_words" in q for q in result.quality.values()):

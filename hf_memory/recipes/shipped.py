@@ -17,13 +17,17 @@ from collections.abc import Sequence
 from hf_memory.data import as_path, resource
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
-__all__ = ["BANK_RECIPE", "DEMO_PERSONA", "SHIPPED_DIRECTIONS", "SHIPPED_PERSONAS",
-           "build_persona", "build_selector", "persona_bank", "persona_json", "persona_spec",
-           "shipped_persona", "shipped_persona_name", "shipped_selector"]
+__all__ = ["BANK_RECIPE", "DEMO_PERSONA", "EVERY_LAYER_GAINS", "SHIPPED_DIRECTIONS",
+           "SHIPPED_PERSONAS", "build_persona", "build_selector", "every_layer_dial",
+           "persona_bank", "persona_json", "persona_spec", "shipped_persona",
+           "shipped_persona_name", "shipped_selector"]
 
 SHIPPED_DIRECTIONS = tuple(f"{trait}{sign}" for trait in "OCEAN" for sign in "+-")
 BANK_RECIPE = {"template": "{text}", "context": "system", "gain": 1.0}
 SHIPPED_PERSONAS = ("pirate",)
+# ρ for a persona's every-layer configuration (:func:`every_layer_dial`), ascending; ρ 0 is the
+# banks as a visible prompt would sit, without a bias
+EVERY_LAYER_GAINS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 DEMO_PERSONA = "pirate"  # a persona the embedded model voices from a visible prompt
 
 
@@ -91,7 +95,8 @@ def shipped_persona(model, tokenizer, name: str = DEMO_PERSONA):
         raise ValueError(f"persona {name!r} is not calibrated yet: run hf-memory build-selector "
                          f"--persona {name}")
     banks = persona_banks(model, tokenizer, spec["text"], recipe=spec["recipe"],
-                          exemplars=spec.get("exemplars", ()))
+                          exemplars=spec.get("exemplars", ()),
+                          counter_exemplars=spec.get("counter_exemplars", ()))
     with as_path(_persona_dir(name).joinpath("selector")) as path:
         selector = Selector.from_pretrained(path, model=model)
     caa = None
@@ -104,34 +109,73 @@ def shipped_persona(model, tokenizer, name: str = DEMO_PERSONA):
 
 
 def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
-                  recipes: Sequence[str] | None = None, progress: bool = True):
-    """Calibrate a shipped persona on its pairs within the default budget: memory by
+                  recipes: Sequence[str] | None = None, cost_budget: float | str | None = None,
+                  progress: bool = True):
+    """Calibrate a shipped persona on its pairs within a cost budget: memory by
     :func:`~hf_memory.recipes.persona.calibrate_persona`, CAA by :func:`~hf_memory.recipes.persona.
     calibrate_caa`; writes the selector and the choices into ``out`` (default: the package's
-    own folder); ``recipes``: the bank recipes to try (default: calibrate_persona's). Returns
-    the :class:`~hf_memory.recipes.persona.PersonaSteering`."""
+    own folder). ``recipes``: the bank recipes to try; ``cost_budget``: nats per token of
+    neutral text, or ``"prompt"``: the visible prompt's own cost on the same text (what memory
+    and CAA are then compared at); both default to the persona's own rule in ``persona.json``
+    (``recipes``, ``cost_budget``), else calibrate_persona's recipes and the default budget.
+    Returns the :class:`~hf_memory.recipes.persona.PersonaSteering`."""
     from pathlib import Path
 
     from hf_memory.artifacts.atomic_files import write_json
+    from hf_memory.baselines.methods import PromptMethod
     from hf_memory.metrics.steering_cost import NeutralCost
     from hf_memory.recipes.persona import calibrate_caa, calibrate_persona
 
     spec = persona_spec(name)
     pairs, folder = spec.pop("pairs"), _persona_dir(name)
+    recipes = recipes if recipes is not None else spec.get("recipes")
+    rule = cost_budget if cost_budget is not None else spec.get("cost_budget",
+                                                               DEFAULT_COST_BUDGET)
+    numeric = isinstance(rule, (int, float)) and not isinstance(rule, bool)
+    if rule != "prompt" and not (numeric and rule >= 0):
+        raise ValueError(f"cost_budget must be a non-negative number or 'prompt', got {rule!r}")
     cost = NeutralCost(model, tokenizer)
+    budget = (cost.measure(PromptMethod(spec["text"], tokenizer=tokenizer)) if rule == "prompt"
+              else float(rule))
     found = calibrate_persona(model, tokenizer, spec["text"], pairs, cost=cost,
-                              progress=progress,
+                              cost_budget=budget, progress=progress,
                               **({} if recipes is None else {"recipes": recipes}))
-    _, caa = calibrate_caa(model, tokenizer, pairs, cost=cost)
+    _, caa = calibrate_caa(model, tokenizer, pairs, cost=cost, cost_budget=budget)
+    every_layer = every_layer_dial(found.banks, cost, budget)
     with as_path(folder) as shipped:
         out = Path(out) if out is not None else Path(shipped)
         found.selector.save_pretrained(out / "selector")
         recipe = found.selector.config["bank_recipe"]
         spec.update(recipe=found.recipe, exemplars=recipe["exemplars"],
+                    counter_exemplars=recipe.get("counter_exemplars", []),
+                    cost_budget=rule, budget=budget, every_layer=every_layer,
                     caa={"layer": caa["layer"], "scale": caa["scale"]}, trials=found.trials)
+        if recipes is not None:
+            spec["recipes"] = list(recipes)
         write_json(out / "persona.json", spec)
         if out != Path(shipped):
             (out / "pairs.jsonl").write_text(Path(shipped, "pairs.jsonl").read_text())
+    return found
+
+
+def every_layer_dial(banks, cost, budget: float, gains: Sequence[float] = EVERY_LAYER_GAINS):
+    """The banks at every layer, as the visible prompt sits, at the largest ρ of ``gains`` whose
+    cost on neutral text (``cost``: a :class:`~hf_memory.metrics.steering_cost.NeutralCost`) stays
+    within ``budget`` (the cost grows with ρ on every measured curve; the scan stops at the
+    first setting over it). What a persona's voice needs on the embedded model where the
+    selector's few sites, chosen for the likelihood of its pairs, do not voice it (BENCHMARKS.md,
+    "The pirate persona of make demo"). Returns ``{"layers", "rho", "cost"}``, or None when
+    even the first setting is over the budget."""
+    from hf_memory.baselines.methods import MemoryMethod
+
+    layers = sorted(set.intersection(*(set(bank.layers) for bank in banks.banks)))
+    found = None
+    for rho in sorted(gains):
+        spent = cost.measure(MemoryMethod(banks, layers=layers,
+                                          layer_gains=dict.fromkeys(layers, rho)))
+        if spent > budget:
+            break
+        found = {"layers": layers, "rho": float(rho), "cost": spent}
     return found
 
 
