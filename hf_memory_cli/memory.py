@@ -51,17 +51,22 @@ def _build_selector(args: argparse.Namespace) -> None:
     from hf_memory.models.default_model import load_default_model
     from hf_memory.recipes.shipped import build_selector, selectors_dir
 
+    if args.persona and args.no_budget:
+        raise CLIError("a shipped persona is always calibrated within a cost budget (its own "
+                       "rule, or --cost-budget), not with --no-budget")
     model, tokenizer = load_default_model()
     start = time.perf_counter()
     if args.persona:
         from hf_memory.recipes.shipped import build_persona
 
-        found = build_persona(model, tokenizer, args.persona, out=args.out)
+        found = build_persona(model, tokenizer, args.persona, out=args.out,
+                              cost_budget=args.cost_budget)
         print(f"# {args.persona}: kept the {found.recipe} recipe; "
-              f"{selector_line(found.selector, args.cost_budget)} in "
+              f"{selector_line(found.selector, found.selector.config['cost_budget'])} in "
               f"{time.perf_counter() - start:.0f} s")
         return
-    budget = None if args.no_budget else args.cost_budget
+    budget = (None if args.no_budget else
+              DEFAULT_COST_BUDGET if args.cost_budget is None else args.cost_budget)
     selector = build_selector(model, tokenizer, args.direction, top_layers=args.top_layers,
                               cost_budget=budget)
     out = args.out or str(selectors_dir().joinpath(args.direction))
@@ -133,10 +138,10 @@ def add_memory_parsers(commands: argparse._SubParsersAction) -> None:
                             "and selector, CAA layer and scale) on its own pairs")
     build.add_argument("--top-layers", type=positive_int, default=5, metavar="M",
                        help="layer budget (default: 5)")
-    build.add_argument("--cost-budget", type=non_negative, default=DEFAULT_COST_BUDGET,
-                       metavar="NATS",
+    build.add_argument("--cost-budget", type=non_negative, metavar="NATS",
                        help="the most a configuration may cost, in nats per token of neutral "
-                            f"text (default: {DEFAULT_COST_BUDGET})")
+                            f"text (default: {DEFAULT_COST_BUDGET}; with --persona: the persona's "
+                            "own rule in its persona.json, e.g. the visible prompt's cost)")
     build.add_argument("--no-budget", action="store_true",
                        help="the unbudgeted search (largest movement over the gain grid)")
     build.add_argument("--out", metavar="DIR", help="where to save (default: package data)")

@@ -21,6 +21,8 @@ BAD_INPUTS = [
     (["demo", "--selector", "{tmp}/banks"], "lacks selector.json"),
     (["build-selector", "--direction", "X+"], "Big Five trait letter"),
     (["build-selector", "--top-layers", "0"], "must be >= 1"),
+    (["build-selector", "--persona", "pirate", "--no-budget"],
+     "always calibrated within a cost budget"),
     (["bank", "build", "--text", "   ", "--out", OUT], "the bank text is empty"),
     (["bank", "build", "--file", "{tmp}/missing.txt", "--out", OUT], "No such file"),
     (["bank", "build", "--text", "x", "--role", "boss", "--out", OUT], "invalid choice"),
