@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import torch
 from hf_memory import generate_chat, load_default_model
 from hf_memory.models import default_model as dm
 from hf_memory.models import embedded
+from tests.test_embedded_cache import convert_in_subprocess
 
 pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
 
@@ -87,27 +87,6 @@ def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
     assert explicit.is_relative_to(tmp_path / "explicit")
 
 
-@pytest.mark.slow
-def test_conversion_cache_is_exact_and_rebuilds_when_damaged(default_model, tmp_path):
-    reference, _ = default_model
-    expected = reference.state_dict()
-
-    directory = dm.ensure_default_model_cached(tmp_path)
-    assert (directory / "model.safetensors").is_file()
-    assert (directory / embedded.MANIFEST).is_file()
-    assert not [p for p in directory.parent.iterdir() if p.name.startswith(".staging-")]
-    model, _ = load_default_model(cache_dir=tmp_path)
-    assert model.state_dict().keys() == expected.keys()
-    assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
-
-    weights = directory / "model.safetensors"
-    with weights.open("r+b") as handle:  # a download or copy cut short
-        handle.truncate(weights.stat().st_size // 2)
-    with pytest.warns(UserWarning, match="incomplete or damaged; rebuilding"):
-        rebuilt, _ = load_default_model(cache_dir=tmp_path)
-    assert all(torch.equal(v, expected[k]) for k, v in rebuilt.state_dict().items())
-
-
 OFFLINE_SCRIPT = textwrap.dedent(
     """
     import socket
@@ -146,38 +125,13 @@ def test_bf16_on_gpu_answers_sensibly():
     assert "Paris" in answer
 
 
-CONVERT_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    from hf_memory.models import default_model as dm
-    from hf_memory.models import embedded
-
-    directory = dm.ensure_default_model_cached(sys.argv[1])
-    print(directory.stat().st_ino, (directory / embedded.MANIFEST).stat().st_mtime_ns)
-    """
-)
-
-
-def _convert_in_subprocess(cache: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CONVERT_SCRIPT, str(cache)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.mark.slow
-def test_two_processes_converting_at_once_share_one_conversion(tmp_path):
-    writers = [_convert_in_subprocess(tmp_path) for _ in range(2)]
-    outputs = [writer.communicate(timeout=600) for writer in writers]
-    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outputs]
-    # The same folder and manifest: the second process waited and reused the first's result.
-    assert outputs[0][0] == outputs[1][0]
-    directory = dm.default_model_cache_dir(tmp_path)
-    assert embedded._cache_is_complete(directory)
-    assert not list(directory.parent.glob(".staging-*"))
-
-
-@pytest.mark.slow
-def test_a_killed_conversion_leaves_no_cache_and_the_next_one_cleans_up(tmp_path):
-    writer = _convert_in_subprocess(tmp_path)
+def test_a_killed_conversion_is_cleaned_up_and_a_damaged_cache_rebuilt_exactly(default_model,
+                                                                              tmp_path):
+    """The conversion on this transformers equals the session's model; a conversion killed
+    mid-write leaves no cache and the next one cleans up; a cut-short cache is rebuilt."""
+    expected = default_model[0].state_dict()
+    writer = convert_in_subprocess(tmp_path)
     directory = dm.default_model_cache_dir(tmp_path)
     try:
         deadline = time.monotonic() + 300
@@ -189,6 +143,18 @@ def test_a_killed_conversion_leaves_no_cache_and_the_next_one_cleans_up(tmp_path
         writer.wait()
     assert not directory.exists()
     assert list(directory.parent.glob(".staging-*"))  # what the killed writer left
+
     assert dm.ensure_default_model_cached(tmp_path) == directory
+    assert (directory / "model.safetensors").is_file()
     assert embedded._cache_is_complete(directory)
     assert not list(directory.parent.glob(".staging-*"))
+    model, _ = load_default_model(cache_dir=tmp_path)
+    assert model.state_dict().keys() == expected.keys()
+    assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
+
+    weights = directory / "model.safetensors"
+    with weights.open("r+b") as handle:  # a download or copy cut short
+        handle.truncate(weights.stat().st_size // 2)
+    with pytest.warns(UserWarning, match="incomplete or damaged; rebuilding"):
+        rebuilt, _ = load_default_model(cache_dir=tmp_path)
+    assert all(torch.equal(v, expected[k]) for k, v in rebuilt.state_dict().items())
