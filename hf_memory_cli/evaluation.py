@@ -75,6 +75,14 @@ def _non_negative_list(cast, noun: str):
 
 
 _non_negative_floats = _non_negative_list(float, "finite non-negative numbers")
+
+
+def _positive_floats(text: str) -> list[float]:
+    values = _non_negative_floats(text)
+    if min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
+    return values
+
 _lengths = _non_negative_list(int, "token counts")
 
 
@@ -279,6 +287,8 @@ def _eval(args: argparse.Namespace) -> None:
 
     if args.persona_recipes and args.task != "trait-steering":
         raise ValueError(f"--persona-recipes is a trait-steering option, not {args.task}'s")
+    if args.caa_scales and args.task != "trait-steering":
+        raise ValueError(f"--caa-scales is a trait-steering option, not {args.task}'s")
     out = Path(args.out or f"results/{args.task}")
     if args.top_layers is None:  # each task's own default layer budget
         args.top_layers = 3 if args.task == "persona-ab" else 5
@@ -308,6 +318,8 @@ def _eval(args: argparse.Namespace) -> None:
                                        candidate_layers=args.candidate_layers,
                                        calibration_pairs=args.calibration_pairs or 24,
                                        top_layers=args.top_layers, caa_layer=args.caa_layer,
+                                       **({"caa_scales": tuple(args.caa_scales)}
+                                          if args.caa_scales else {}),
                                        num_bootstrap=args.bootstrap, seed=args.seed,
                                        cost_texts=args.cost_texts,
                                        validation=args.validation,
@@ -437,6 +449,9 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--gain", type=non_negative, default=2.0, help="bank gain lambda")
     run.add_argument("--caa-layer", type=non_negative_int, default=10)
     run.add_argument("--caa-scale", type=finite, default=2.0)
+    run.add_argument("--caa-scales", type=_positive_floats, metavar="S,S,...",
+                     help="trait-steering: the CAA scales the calibration tries "
+                          "within the cost budget (default: 0.25,0.5,1,2,3,4,6,8,16)")
     run.add_argument("--puzzles", type=positive_int, default=200, metavar="N",
                      help="air-sudoku / air-maze: held-out puzzles to solve (default: 200)")
     run.add_argument("--revision", metavar="REV",

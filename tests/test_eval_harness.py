@@ -17,7 +17,6 @@ from eval_harness.bigfive.task import (
     load_items,
     summarize,
 )
-from eval_harness.directions import TraitSteeringConfig
 from eval_harness.metrics import METRICS_DIR, load_metric
 from eval_harness.names import FACTORS
 from eval_harness.report import render_report
@@ -231,10 +230,11 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     assert cli.main(["eval", "trait-steering", "--directions", "N+", "--limit", "1",
                      "--candidate-layers", "19-20", "--calibration-pairs", "4",
                      "--top-layers", "1", "--bootstrap", "20", "--validation", "0.5",
-                     "--cost-texts", "2", "--out", str(tmp_path)]) == 0
+                     "--cost-texts", "2", "--caa-scales", "1,4", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "results.json").read_text())
     validate_results(record)
     assert record["config"]["cost_texts"] == 2 and record["config"]["validation"] == 0.5
+    assert record["config"]["caa_scales"] == [1.0, 4.0]
     saved = json.loads((tmp_path / "selectors" / "N+" / "selector.json").read_text())
     assert saved["config"]["validation_fraction"] == 0.5  # 2 of the 4 pairs held out
     assert saved["config"]["search_pairs"] == 2 and saved["config"]["validation"]["pairs"] == 2
@@ -251,7 +251,7 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     setup = results["setups"]["N+"]
     assert len(setup["memory"]["layers"]) == 1 and setup["memory"]["layers"][0] in (19, 20)
     # the largest-scoring scale within the cost budget, or 0 (CAA off) where none fits
-    assert setup["caa"]["scale"] in (0.0, *TraitSteeringConfig().caa_scales)
+    assert setup["caa"]["scale"] in (0.0, 1.0, 4.0)
     assert setup["memory"]["cost_budget"] == 0.1
     for masses in setup["memory"]["routing_mass"].values():
         assert sum(masses.values()) == pytest.approx(1.0, abs=1e-3)
