@@ -214,6 +214,22 @@ def test_unknown_task_is_one_clear_error():
 
 
 @pytest.mark.slow
+def test_the_task_index_is_kept_until_a_users_task_folder_changes(tmp_path):
+    from eval_harness.lm_eval_model.task import check_tasks
+
+    assert check_tasks(["hfm_local"]) is check_tasks(["hfm_trait_pairs"])
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    group = folder / "my_group.yaml"
+    group.write_text("group: my_group\ntask:\n  - hfm_trait_pairs\n")
+    first = check_tasks(["my_group"], [str(folder)])
+    assert check_tasks(["my_group"], [str(folder)]) is first
+    (folder / "my_other_group.yaml").write_text("group: my_other_group\ntask:\n  - hfm_local\n")
+    rebuilt = check_tasks(["my_other_group"], [str(folder)])  # the new file is in the index
+    assert rebuilt is not first and check_tasks(["my_group"], [str(folder)]) is rebuilt
+
+
+@pytest.mark.slow
 def test_the_command_line_runs_lm_eval_steered_and_reports(default_model, steering, tmp_path,
                                                            capsys):
     import hf_memory_cli as cli
