@@ -71,6 +71,20 @@ def test_caa_vector_is_the_mean_residual_difference(default_model):
     torch.testing.assert_close(vectors.vectors[3].double(), expected / 2, rtol=1e-4, atol=1e-4)
 
 
+def test_extraction_stops_at_the_deepest_layer_it_reads_and_reads_the_same(default_model):
+    model, tokenizer = default_model
+    ids = tokenizer(PAIRS[0][0], return_tensors="pt").input_ids
+    with torch.no_grad():
+        before = model(ids).logits
+    last = model.config.num_hidden_layers - 1
+    shallow = CAAVectors.extract(model, tokenizer, PAIRS[:2], layers=[2, 5])
+    deep = CAAVectors.extract(model, tokenizer, PAIRS[:2], layers=[2, 5, last])  # every layer
+    for layer in (2, 5):
+        assert torch.equal(shallow.vectors[layer], deep.vectors[layer])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)  # no hook left behind
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "granite", "olmo2", "gemma2", "phi3",
                                     "gemma3_text"])
 def test_caa_starts_after_the_instruction(family):

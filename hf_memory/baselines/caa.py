@@ -43,6 +43,10 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "caa_vectors.safetensors"
 
 
+class _ResidualsRead(Exception):
+    """Ends an extraction's forward pass at the deepest layer it reads."""
+
+
 class CAAVectors:
     """Steering vectors per layer, ``{layer: [hidden]}``, with their provenance."""
 
@@ -80,16 +84,26 @@ class CAAVectors:
         norms = {str(i): adapter.residual_read(model, i) for i in layers}
         device = next(model.parameters()).device
 
+        deepest = str(layers[-1])
+
         def residuals(text: str) -> dict[int, torch.Tensor]:
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"CAA texts must be non-empty strings, got {text!r}")
             ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
             store: dict[str, torch.Tensor] = {}
-            hooks = [norm.register_forward_pre_hook(
-                lambda _m, args, key=key: store.__setitem__(key, args[0].detach()))
-                for key, norm in norms.items()]
+
+            def read(key: str):
+                def hook(_module, args):
+                    store[key] = args[0].detach()
+                    if key == deepest:  # the later layers cannot change what was read
+                        raise _ResidualsRead
+                return hook
+
+            hooks = [norm.register_forward_pre_hook(read(key)) for key, norm in norms.items()]
             try:
                 model(input_ids=ids.to(device), use_cache=False)
+            except _ResidualsRead:
+                pass
             finally:
                 for hook in hooks:
                     hook.remove()
