@@ -153,13 +153,15 @@ def _ffn_memories(args: argparse.Namespace, model, tokenizer, out: Path) -> Path
     def body():
         corpus = tokenize_corpus(tokenizer, kjv_sentences(args.sentences, seed=args.seed))
         results, _, _ = analyze_ffn_memories(model, corpus, tokenizer=tokenizer,
+                                             layers=args.layers,
                                              sample_size=min(1000, args.sentences * 4),
                                              seed=args.seed)
         results["corpus"].update(source=CORPUS_SOURCE, license=CORPUS_LICENSE)
         return results
 
     return run_task("ffn-memories", body, model=model, seed=args.seed, out=out,
-                    config={"sentences": args.sentences, "model": args.model})
+                    config={"sentences": args.sentences, "model": args.model,
+                            "layers": args.layers})
 
 
 def _dialogue_shift(args: argparse.Namespace, model, tokenizer, out: Path) -> Path:
@@ -458,6 +460,8 @@ def add_eval_parsers(commands: argparse._SubParsersAction) -> None:
                      help="air-*/arith-splits/asm-lm: the branch, tag or commit of a Hub model")
     run.add_argument("--sentences", type=positive_int, default=500, metavar="N",
                      help="asm-lm / ffn-memories: KJV sentences to score (default: 500)")
+    run.add_argument("--layers", type=layer_spec, metavar="SPEC",
+                     help="ffn-memories: the layers analysed, e.g. 0,14,29 (default: all)")
     run.add_argument("--blocks", type=positive_int, default=128, metavar="N",
                      help="asm-refinement: held-out blocks of the model's context (default: 128)")
     run.add_argument("--samples", type=positive_int, default=200_000, metavar="N",

@@ -84,6 +84,7 @@ BAD_INPUTS = [
     (["eval", "trait-steering", "--caa-scales", "1,0", "--out", OUT], "expected numbers > 0"),
     (["eval", "trait-steering", "--caa-scales", "1,x", "--out", OUT],
      "expected comma-separated"),
+    (["eval", "ffn-memories", "--layers", "40", "--out", OUT], "unknown layer index 40"),
     (["eval", "layer-ablation", "--caa-scales", "1", "--out", OUT],
      "--caa-scales is a trait-steering option, not layer-ablation's"),
     (["eval", "asm-refinement", "--betas", "0,-1", "--out", OUT],
