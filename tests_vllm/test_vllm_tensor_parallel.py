@@ -30,18 +30,28 @@ THREADS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral"])
-def test_two_ranks_serve_what_steer_computes(kind, tmp_path):
+def test_two_ranks_serve_what_steer_computes_and_each_refuses_a_bank_set_past_the_limit(
+        kind, tmp_path, capfd):
+    """Every case in one batch equals ``steer()``; each worker loads the registry and checks the
+    size limit itself, so both ranks refuse the over-limit bank set and a request naming it gets
+    one clear error."""
     model = tiny_model(kind, tmp_path / "model")
-    banks = BankSet([random_bank(model, "up", "target", 2),
+    banks = BankSet([random_bank(model, "up", "target", 2),  # 24 slot-layers, the limit
                      random_bank(model, "down", "reference", 3, layers=(1, 2))], model=model)
     banks.save_pretrained(tmp_path / "contrastive")
+    BankSet([random_bank(model, "big", "target", 4, layers=(0, 1, 2)),  # 36 slot-layers
+             random_bank(model, "bigger", "reference", 5, layers=(0, 1, 2))],
+            model=model).save_pretrained(tmp_path / "big")
     # KV group 1 only at layer 0 (the second rank's heads), both at layer 2, half strength
     selector = Selector(layers=[0, 2], units={0: [1], 2: [0, 1]}, unit_type="kv_group",
                         layer_gains={0: 1.0, 2: 1.0}, candidate_layers=[0, 1, 2], strength=0.5)
     selector.save_pretrained(tmp_path / "half")
     registry = write_registry(tmp_path / "registry.json", model,
                               {"contrastive": tmp_path / "contrastive"},
-                              selectors={"half": tmp_path / "half"})
+                              selectors={"half": tmp_path / "half"}, max_slot_layers=24)
+    record = json.loads(registry.read_text())  # write_registry itself refuses the big one
+    record["bank_sets"]["big"] = {"banks": str(tmp_path / "big"), "selector": None}
+    registry.write_text(json.dumps(record))
     prompts = tiny_prompts()
     cases = [(None, None), ("contrastive", None), ("contrastive", "half")]
     expected = {}
@@ -56,6 +66,8 @@ def test_two_ranks_serve_what_steer_computes(kind, tmp_path):
                                         tensor_parallel_size=2,
                                         distributed_executor_backend="mp",
                                         max_num_batched_tokens=16, max_num_seqs=16) as llm:
+        with pytest.raises(VLLMValidationError, match="max_slot_layers"):
+            vllm_greedy(llm, [prompts[1]], [steering_args("big")])
         served = vllm_greedy(llm, [prompt for _, prompt in batch],
                              [None if name is None
                               else steering_args(name) if how is None
@@ -63,30 +75,5 @@ def test_two_ranks_serve_what_steer_computes(kind, tmp_path):
                               for (name, how, _), _ in batch])
     for (key, _), result in zip(batch, served, strict=True):
         assert_same(expected[key], result)
-
-
-
-def test_every_rank_refuses_a_bank_set_past_the_limit(tmp_path, capfd):
-    """Each worker loads the registry and checks the size limit itself: at tensor parallel 2 both
-    ranks refuse the over-limit bank set, a request naming it gets one clear error, and a bank set
-    within the limit still steers as ``steer()`` does."""
-    model = tiny_model("llama", tmp_path / "model")
-    within = BankSet([random_bank(model, "up", "target", 2)], model=model)  # 12 slot-layers
-    within.save_pretrained(tmp_path / "within")
-    BankSet([random_bank(model, "big", "target", 3, layers=(0, 1, 2))],  # 18 slot-layers
-            model=model).save_pretrained(tmp_path / "big")
-    registry = write_registry(tmp_path / "registry.json", model, {"within": tmp_path / "within"},
-                              max_slot_layers=12)
-    record = json.loads(registry.read_text())  # write_registry itself refuses the big one
-    record["bank_sets"]["big"] = {"banks": str(tmp_path / "big"), "selector": None}
-    registry.write_text(json.dumps(record))
-    prompt = tiny_prompts()[1]
-    expected = hf_greedy(model, prompt, {"banks": within})
-    with environment(**THREADS), engine(tmp_path / "model", registry, skip_tokenizer_init=True,
-                                        tensor_parallel_size=2,
-                                        distributed_executor_backend="mp") as llm:
-        with pytest.raises(VLLMValidationError, match="max_slot_layers"):
-            vllm_greedy(llm, [prompt], [steering_args("big")])
-        assert_same(expected, vllm_greedy(llm, [prompt], [steering_args("within")])[0])
     refusal = "bank set 'big' cannot steer this model and will be refused"
     assert capfd.readouterr().err.count(refusal) == 2  # once per rank
