@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,6 @@ import torch
 from hf_memory import generate_chat, load_default_model
 from hf_memory.models import default_model as dm
 from hf_memory.models import embedded
-from tests.test_embedded_cache import convert_in_subprocess
 
 pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
 
@@ -125,11 +125,30 @@ def test_bf16_on_gpu_answers_sensibly():
     assert "Paris" in answer
 
 
+CONVERT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from hf_memory.models import default_model as dm
+    from hf_memory.models import embedded
+
+    directory = dm.ensure_default_model_cached(sys.argv[1])
+    print(directory.stat().st_ino, (directory / embedded.MANIFEST).stat().st_mtime_ns)
+    """
+)
+
+
+def convert_in_subprocess(cache: Path) -> subprocess.Popen:
+    """A process that converts the default model into the cache root ``cache``."""
+    return subprocess.Popen([sys.executable, "-c", CONVERT_SCRIPT, str(cache)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.slow
-def test_a_killed_conversion_is_cleaned_up_and_a_damaged_cache_rebuilt_exactly(default_model,
-                                                                              tmp_path):
-    """The conversion on this transformers equals the session's model; a conversion killed
-    mid-write leaves no cache and the next one cleans up; a cut-short cache is rebuilt."""
+def test_the_conversion_cache_survives_kills_races_and_damage_and_is_exact(default_model,
+                                                                           tmp_path):
+    """A conversion killed mid-write leaves no cache; two processes that then start at once
+    clean up what it left and convert once (one waits and reuses the other's result), equal to
+    the session's model on this transformers; a cut-short cache is rebuilt, exactly."""
     expected = default_model[0].state_dict()
     writer = convert_in_subprocess(tmp_path)
     directory = dm.default_model_cache_dir(tmp_path)
@@ -144,7 +163,11 @@ def test_a_killed_conversion_is_cleaned_up_and_a_damaged_cache_rebuilt_exactly(d
     assert not directory.exists()
     assert list(directory.parent.glob(".staging-*"))  # what the killed writer left
 
-    assert dm.ensure_default_model_cached(tmp_path) == directory
+    writers = [convert_in_subprocess(tmp_path) for _ in range(2)]
+    outputs = [writer.communicate(timeout=600) for writer in writers]
+    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outputs]
+    # The same folder and manifest: the second process waited and reused the first's result.
+    assert outputs[0][0] == outputs[1][0]
     assert (directory / "model.safetensors").is_file()
     assert embedded._cache_is_complete(directory)
     assert not list(directory.parent.glob(".staging-*"))
