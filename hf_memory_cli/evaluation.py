@@ -75,6 +75,7 @@ def _non_negative_list(cast, noun: str):
 
 
 _non_negative_floats = _non_negative_list(float, "finite non-negative numbers")
+_lengths = _non_negative_list(int, "token counts")
 
 
 def _positive_floats(text: str) -> list[float]:
@@ -82,8 +83,6 @@ def _positive_floats(text: str) -> list[float]:
     if min(values) <= 0:
         raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
     return values
-
-_lengths = _non_negative_list(int, "token counts")
 
 
 def _pairs_count(text: str) -> int:
@@ -287,10 +286,10 @@ def _eval(args: argparse.Namespace) -> None:
     from eval_harness.report import render_report
     from eval_harness.runner import run_task
 
-    if args.persona_recipes and args.task != "trait-steering":
-        raise ValueError(f"--persona-recipes is a trait-steering option, not {args.task}'s")
-    if args.caa_scales and args.task != "trait-steering":
-        raise ValueError(f"--caa-scales is a trait-steering option, not {args.task}'s")
+    for flag in ("persona_recipes", "caa_scales"):  # what only trait-steering reads
+        if getattr(args, flag) and args.task != "trait-steering":
+            raise ValueError(f"--{flag.replace('_', '-')} is a trait-steering option, not "
+                             f"{args.task}'s")
     out = Path(args.out or f"results/{args.task}")
     if args.top_layers is None:  # each task's own default layer budget
         args.top_layers = 3 if args.task == "persona-ab" else 5
