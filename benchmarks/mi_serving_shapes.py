@@ -8,9 +8,9 @@ slots at five layers (the size of a shipped selector's sites), built with
 tokens, plain and steered by each mixture path alternating (``auto``: the banks merged into the
 stock kernel's output by its log-sum-exp where the device has such a kernel; ``reference``: the
 history recomputed beside the stock call, the path before it), median of the repeats after a
-warm-up round; tokens/s and the steered / plain ratio of the whole call, and apart the ratio of
-the prefill (one forward pass into an empty cache) and of a decoding step (the median of 16
-steps after it, each timed alone).
+warm-up round (``--warmups``); tokens/s and the steered / plain ratio of the whole call, and
+apart the ratio of the prefill (one forward pass into an empty cache) and of a decoding step
+(the median of 16 steps after it, each timed alone).
 
 Usage: python benchmarks/mi_serving_shapes.py [--device cpu|cuda] [--models ...]
        [--batches 1 8 32] [--prompts 64 2048] [--json FILE] [--quick]
@@ -119,18 +119,19 @@ def prefill_and_steps(model, ids: torch.Tensor, steps: int) -> tuple[float, floa
 
 
 def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
-            repeats: int, paths: tuple[str, ...] = PATHS, steps: int = 16) -> dict:
+            repeats: int, paths: tuple[str, ...] = PATHS, steps: int = 16,
+            warmups: int = 1) -> dict:
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=model.device)
     labels = ("plain",) + paths
     times: dict[str, list] = {label: [] for label in labels}
     with torch.inference_mode():
-        for repeat in range(repeats + 1):  # the first round warms up
+        for repeat in range(warmups + repeats):  # the first rounds warm up
             for label in labels:
                 with (nullcontext() if label == "plain"
                       else steer(model, banks, mixture_path=label)):
                     measured = (generate_seconds(model, ids, new_tokens),
                                 *prefill_and_steps(model, ids, steps))
-                if repeat:
+                if repeat >= warmups:
                     times[label].append(measured)
     median = {label: [statistics.median(column) for column in zip(*rows, strict=True)]
               for label, rows in times.items()}
@@ -158,6 +159,10 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", type=int, default=[64, 2048])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--warmups", type=int, default=1,
+                        help="untimed rounds before the repeats at each shape (0: none, for "
+                             "shapes so large that one round takes many minutes, measured after "
+                             "a smaller shape in the same process)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
                         help="the mixture paths to time beside plain (default: both)")
     args = parser.parse_args()
@@ -182,7 +187,7 @@ def main() -> None:
                 for batch in batches:
                     row = {"model": name, "device": where, "dtype": str(dtype),
                            **measure(model, banks, batch, prompt, args.new_tokens,
-                                     args.repeats, paths)}
+                                     args.repeats, paths, warmups=args.warmups)}
                     if sink:
                         sink.write(json.dumps(row) + "\n")
                         sink.flush()
