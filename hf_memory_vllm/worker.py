@@ -46,7 +46,7 @@ from hf_memory.models.fingerprint import (
     fingerprint_of,
     weights_digest,
 )
-from hf_memory.steering.mixture import BankStack, bank_mixture_over
+from hf_memory.steering.mixture import BankStack, bank_mixture_over, history_bias
 from hf_memory.steering.site_plan import SitePlan, plan_sites
 
 from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest, bank_set_size
@@ -102,6 +102,9 @@ class _Group:
     block_size: int
     decoding: bool
     device: torch.device
+    heads: int
+    kv_heads: int
+    dtype: torch.dtype  # the banks' compute dtype
     _history: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -123,27 +126,26 @@ class _Group:
         else:
             out[self.index[:, None], heads] = steered
 
-    def history(self, window: int | None):
-        """``(blocks [n, B], keep, visible)``, on the group's device: the cache blocks holding
-        every key some new token sees (the last ``window`` positions with a sliding window, else
-        all); which of their ``B·block_size`` positions to keep (a slice); and which of those each
-        query sees (``[n, 1, T, S]``, or None when all: a single decoding request). Made once per
-        pass and window, for every steered layer."""
-        if window not in self._history:
-            blocks, keep, visible = (self._single(window) if self.decoding and
-                                     len(self.rows) == 1 else self._masked(window))
-            self._history[window] = (blocks.to(self.device), keep,
-                                     None if visible is None else visible.to(self.device))
-        return self._history[window]
+    def history(self, window: int | None, size_normalize: bool):
+        """``(blocks [n, B], bias)``, on the group's device: the cache blocks holding every key
+        some new token sees (the last ``window`` positions with a sliding window, else all), and
+        the mixture's additive bias on their ``S = B·block_size`` positions
+        (:func:`~hf_memory.steering.mixture.history_bias`: −inf past a row's end or outside its
+        window). Whole blocks keep the products' shapes the same from one decoding step to the
+        next (a product of a new shape costs the CPU's BLAS a fresh plan: 3x at 32 requests).
+        Made once per pass, window and normalisation, for every steered layer."""
+        if (window, size_normalize) not in self._history:
+            blocks, visible = self._visible(window)
+            bias = history_bias(visible, batch=len(blocks), span=visible.shape[-1],
+                                kv_heads=self.kv_heads, heads=self.heads,
+                                size_normalize=size_normalize, dtype=self.dtype)
+            self._history[window, size_normalize] = (blocks.to(self.device),
+                                                     bias.to(self.device))
+        return self._history[window, size_normalize]
 
-    def _single(self, window: int | None):
-        size, length = self.block_size, self.lengths[0]
-        first = 0 if window is None else max(0, length - window)
-        start = first // size
-        blocks = self.table[:, start:(length - 1) // size + 1]
-        return blocks, slice(first - start * size, length - start * size), None
-
-    def _masked(self, window: int | None):
+    def _visible(self, window: int | None):
+        """The blocks of every row, and which of their positions each query sees
+        (``[n, 1, T, S]``)."""
         size, queries = self.block_size, 1 if self.decoding else len(self.rows)
         lengths = torch.tensor(self.lengths)
         query = lengths[:, None] - queries + torch.arange(queries)  # [n, T] positions
@@ -158,7 +160,7 @@ class _Group:
         if window is not None:
             seen &= query[:, :, None] - positions[:, None, :] < window
         blocks = self.table.gather(1, columns.clamp(max=self.table.shape[1] - 1))
-        return blocks, slice(None), seen[:, None]
+        return blocks, seen[:, None]
 
 
 @dataclass
@@ -416,20 +418,25 @@ class WorkerSteering:
             else:
                 prefill.append(index)
         groups, device = [], metadata.slot_mapping.device
+
+        def group_of(sites, rows, lengths, table, decoding: bool) -> _Group:
+            dtype = next(iter(sites.values())).stack.keys.dtype
+            return _Group(sites, rows, lengths, table.cpu().long(), self.block_size,
+                          decoding=decoding, device=device, heads=self.heads,
+                          kv_heads=self.kv_heads, dtype=dtype)
+
         for key, indices in decoding.items():
             sites = self.plan(requests[key])
             if sites:
-                groups.append(_Group(sites, [starts[i] for i in indices],
-                                     [lengths[i] for i in indices],
-                                     metadata.block_table[indices].cpu().long(),
-                                     self.block_size, decoding=True, device=device))
+                groups.append(group_of(sites, [starts[i] for i in indices],
+                                       [lengths[i] for i in indices],
+                                       metadata.block_table[indices], decoding=True))
         for index in prefill:
             sites = self.plan(BATCH[index])
             if sites:
-                group = _Group(sites, list(range(starts[index], starts[index + 1])),
-                               [lengths[index]],
-                               metadata.block_table[index:index + 1].cpu().long(),
-                               self.block_size, decoding=False, device=device)
+                group = group_of(sites, list(range(starts[index], starts[index + 1])),
+                                 [lengths[index]], metadata.block_table[index:index + 1],
+                                 decoding=False)
                 self._check_layout(group, metadata.slot_mapping[group.index].cpu().long())
                 groups.append(group)
         return groups
@@ -475,16 +482,16 @@ class WorkerSteering:
         window = attention.attn.sliding_window
         for group in groups:
             site = group.sites[layer]
-            blocks, keep, visible = group.history(window)
+            blocks, bias = group.history(window, site.size_normalize)
             # [n, KVH, S, D] as a view of [KVH, n, S, D]: whole blocks gathered KV-head major
             history = shadow.view(self.kv_heads, -1, self.block_size, head_dim).index_select(
                 1, blocks.flatten()).view(self.kv_heads, len(blocks), -1, head_dim)
             plain = group.queries(out)
             mixed = bank_mixture_over(plain, group.queries(pre), group.queries(post),
-                                      history[:, :, keep].transpose(0, 1), visible, site.stack,
+                                      history.transpose(0, 1), None, site.stack,
                                       scaling=scaling, gamma=site.gamma,
                                       size_normalize=site.size_normalize, softcap=softcap,
-                                      strength=site.strength)[:, site.heads]
+                                      strength=site.strength, bias=bias)[:, site.heads]
             steered = mixed[:, :, 0] if group.decoding else mixed[0].transpose(0, 1)
             group.put(out, site.heads, steered.to(out.dtype))
 

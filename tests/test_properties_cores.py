@@ -39,6 +39,7 @@ from hf_memory.steering.mixture import (
     bank_mixture,
     bank_mixture_by_lse,
     bank_mixture_over,
+    history_bias,
     toward,
     visible_keys,
 )
@@ -392,6 +393,35 @@ def test_mixture_over_the_history_equals_bank_mixture_with_a_soft_cap(softcap):
     got = bank_mixture_over(history_attention(inputs, softcap), inputs["q_pre"],
                             inputs["q_post"], inputs["key"], inputs["visible"], stack, **args)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("size_normalize", [True, False])
+def test_mixture_over_whole_blocks_with_the_bias_equals_the_rows_own_keys(size_normalize):
+    """The vLLM worker's layout: every row's keys padded to whole cache blocks with positions
+    past its end (garbage, never seen), a visibility mask made for all rows at once and broadcast
+    over heads (``[B, 1, T, S]``) and :func:`history_bias` made once from it — the same mixture,
+    row by row, as ``bank_mixture_over`` on each row's own keys alone (float64, 1e-12)."""
+    torch.manual_seed(3)
+    kv_heads, heads, d, m, block = 2, 6, 8, 5, 4
+    lengths = [3, 9, 6]  # one decoding query per row, seeing all its own keys
+    span = block * max(-(-n // block) for n in lengths)
+    keys = torch.randn(kv_heads, len(lengths), span, d, dtype=torch.float64) * 3
+    q_pre, q_post, history = (torch.randn(len(lengths), heads, 1, d, dtype=torch.float64)
+                              for _ in range(3))
+    stack = BankStack.of([PreparedBank("target", torch.randn(kv_heads, m, d).double(),
+                                       torch.randn(kv_heads, m, d).double(), 1.0, False)],
+                         rho=0.5, size_normalize=size_normalize)
+    visible = (torch.arange(span)[None, :] < torch.tensor(lengths)[:, None])[:, None, None]
+    bias = history_bias(visible, batch=len(lengths), span=span, kv_heads=kv_heads, heads=heads,
+                        size_normalize=size_normalize, dtype=torch.float64)
+    args = dict(scaling=0.4, size_normalize=size_normalize, strength=0.6)
+    got = bank_mixture_over(history, q_pre, q_post, keys.transpose(0, 1), None, stack,
+                            bias=bias, **args)
+    for row, n in enumerate(lengths):
+        alone = bank_mixture_over(history[row:row + 1], q_pre[row:row + 1],
+                                  q_post[row:row + 1], keys[:, row:row + 1, :n].transpose(0, 1),
+                                  None, stack, **args)
+        torch.testing.assert_close(got[row:row + 1], alone, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("strength", [0.0, 0.3, 1.0, 1.7])

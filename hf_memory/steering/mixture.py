@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["BankStack", "HeadSlots", "PreparedBank", "bank_mixture", "bank_mixture_by_lse",
-           "bank_mixture_over", "toward", "visible_keys"]
+           "bank_mixture_over", "history_bias", "toward", "visible_keys"]
 
 
 @dataclass(frozen=True)
@@ -275,6 +275,40 @@ def bank_mixture(
     return mixed.reshape(batch, heads, q_len, -1), routing
 
 
+def history_bias(
+    visible: torch.Tensor | None,
+    *,
+    batch: int,
+    span: int,
+    kv_heads: int,
+    heads: int,
+    size_normalize: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The additive bias :func:`bank_mixture_over` puts on the history's scaled scores: −inf
+    where a key is hidden, and −log T_t (the row's count of visible keys) where it is seen when
+    size-normalised, else 0. Laid out as its score rows ``[KVH·B, G·T, S]`` (KV-head major, a KV
+    group's G query heads of T tokens each), or ``[1, 1, 1]`` when ``visible`` is None (every one
+    of the ``span`` keys seen by every query); the vLLM worker makes it once per forward pass for
+    all its steered layers.
+
+    ``visible``: boolean ``[B|1, 1|H, T, S]`` (True: attended), ``B`` = ``batch``.
+    """
+    if visible is None:
+        shift = -math.log(span) if size_normalize else 0.0
+        return torch.full((1, 1, 1), shift, dtype=dtype)
+    t, g = visible.shape[2], heads // kv_heads
+    if visible.shape[1] == 1:  # every head alike: [1, B|1, 1, T, S]
+        seen = visible.transpose(0, 1)[:, :, None]
+    else:  # [KVH, B|1, G, T, S]
+        seen = visible.view(visible.shape[0], kv_heads, g, t, span).transpose(0, 1)
+    seen = seen.expand(kv_heads, batch, g, t, span)
+    shift = torch.zeros((), dtype=dtype, device=visible.device)
+    if size_normalize:
+        shift = -seen.sum(-1, keepdim=True).clamp(min=1).to(dtype).log()
+    return torch.where(seen, shift, float("-inf")).reshape(kv_heads * batch, g * t, span)
+
+
 def bank_mixture_over(
     history: torch.Tensor,
     q_pre: torch.Tensor,
@@ -288,6 +322,7 @@ def bank_mixture_over(
     size_normalize: bool = True,
     softcap: float | None = None,
     strength: float = 1.0,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`bank_mixture`'s output when the stock attention over the history is already known,
     moved the fraction ``strength`` of the way from ``history`` (``toward(history, ·, strength)``,
@@ -299,56 +334,53 @@ def bank_mixture_over(
     output is ``history`` itself: the history's values are never read again.
     Equal to :func:`bank_mixture` up to rounding (the tests compare them); the vLLM worker uses it
     on vLLM's own attention output, once per steered layer and decoding step, so it is written
-    for few kernels: everything is computed KV-head major (``[KVH, B, G·T, ·]``), where keys
+    for few kernels: everything is computed KV-head major (``[KVH·B, G·T, ·]``), where keys
     gathered KV-head major (``key`` a ``[B, KVH, S, D]`` view of a ``[KVH, B, S, D]`` tensor)
-    are multiplied without a copy.
+    are multiplied without a copy, and the mask and −log T_t enter the history's product as one
+    additive ``bias`` (:func:`history_bias`, made here from ``visible`` when not given;
+    ``visible`` is not read when it is).
     """
     b, heads, t, d = q_post.shape
-    kv_heads = key.shape[1]
+    kv_heads, span = key.shape[1], key.shape[2]
     g = heads // kv_heads
     dtype = stack.keys.dtype
+    if bias is None:
+        bias = history_bias(visible, batch=b, span=span, kv_heads=kv_heads, heads=heads,
+                            size_normalize=size_normalize, dtype=dtype).to(key.device)
 
-    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] → [KVH, B, G·T, D]
-        return x.to(dtype).reshape(b, kv_heads, g * t, d).transpose(0, 1)
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] → [KVH·B, G·T, D]
+        return x.to(dtype).reshape(b, kv_heads, g * t, d).transpose(0, 1).reshape(
+            kv_heads * b, g * t, d)
 
-    prompt = _capped(rows(q_post * scaling) @ key.to(dtype).transpose(0, 1).transpose(-1, -2),
-                     softcap)  # [KVH, B, G·T, S]
-    count: int | torch.Tensor = key.shape[2]
-    if visible is not None:
-        if visible.shape[1] == 1:
-            mask = visible[None, :, :1]  # [1, B|1, 1, T, S]
-        else:
-            mask = visible.reshape(visible.shape[0], kv_heads, g, t, -1).transpose(0, 1)
-        prompt = prompt.view(kv_heads, b, g, t, -1).masked_fill(~mask, float("-inf"))
-        count = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(dtype)
+    keys_t = key.to(dtype).transpose(0, 1).reshape(kv_heads * b, span, d).transpose(-1, -2)
+    if softcap is None:  # scale, mask and −log T_t in one kernel
+        prompt = torch.baddbmm(bias, rows(q_post), keys_t, alpha=scaling)
+    else:
+        prompt = _capped(torch.bmm(rows(q_post), keys_t) * scaling, softcap) + bias
 
     slot_keys = stack.keys.transpose(-1, -2)
 
-    def scores(x: torch.Tensor) -> torch.Tensor:  # [KVH, B·G·T, M]
-        return torch.bmm(rows(x).reshape(kv_heads, b * g * t, d), slot_keys) * scaling
+    def grouped(x: torch.Tensor) -> torch.Tensor:  # [KVH·B, G·T, D] → [KVH, B·G·T, D] (a view)
+        return x.view(kv_heads, b * g * t, d)
 
     if stack.post_columns is None and softcap is None and stack.gate is None:
-        slots = torch.baddbmm(stack.bias, rows(q_pre).reshape(kv_heads, b * g * t, d),
-                              slot_keys, alpha=scaling)  # one kernel
+        slots = torch.baddbmm(stack.bias, grouped(rows(q_pre)), slot_keys,
+                              alpha=scaling)  # one kernel
     else:
+        def scores(x: torch.Tensor) -> torch.Tensor:  # [KVH, B·G·T, M]
+            return torch.bmm(grouped(rows(x)), slot_keys) * scaling
+
         raw = _by_rotation(lambda: scores(q_pre), lambda: scores(q_post), stack.post_columns)
         slots = _gated(_capped(raw, softcap), stack, gamma)
-    if size_normalize:  # the prompt's −log T_t, as +log T_t on every slot column
-        if isinstance(count, int):
-            slots = slots + math.log(count)
-        else:
-            slots = (slots.view(kv_heads, b, g, t, -1) + count.log()).view(slots.shape)
     # one softmax over [history ; slots]; the history's columns are summed to its mass and its
     # output is vLLM's (the softmax is one fused kernel, cheaper than a separate log-sum-exp)
-    span = key.shape[2]
-    weights = torch.softmax(torch.cat([prompt.reshape(kv_heads, b * g * t, span), slots], -1), -1)
+    weights = torch.softmax(torch.cat([prompt.view(kv_heads, b * g * t, span), slots], -1), -1)
     mass = weights[..., :span].sum(-1, keepdim=True)
     # toward(h, w0 h + Σ w_m v_m, s) = (1 − s + s w0) h + s Σ w_m v_m
     keep = mass if strength == 1.0 else mass * strength + (1 - strength)
-    mixed = torch.baddbmm(keep * rows(history).reshape(kv_heads, b * g * t, d),
-                          weights[..., span:], stack.values, alpha=strength)
-    return mixed.view(kv_heads, b, heads // kv_heads, t, d).transpose(0, 1).reshape(b, heads,
-                                                                                    t, d)
+    mixed = torch.baddbmm(keep * grouped(rows(history)), weights[..., span:], stack.values,
+                          alpha=strength)
+    return mixed.view(kv_heads, b, g, t, d).transpose(0, 1).reshape(b, heads, t, d)
 
 
 @dataclass(frozen=True)
