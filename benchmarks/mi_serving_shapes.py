@@ -9,8 +9,8 @@ tokens, plain and steered by each mixture path alternating (``auto``: the banks 
 stock kernel's output by its log-sum-exp where the device has such a kernel; ``reference``: the
 history recomputed beside the stock call, the path before it), median of the repeats after a
 warm-up round (``--warmups``); tokens/s and the steered / plain ratio of the whole call, and
-apart the ratio of the prefill (one forward pass into an empty cache) and of a decoding step
-(the median of 16 steps after it, each timed alone).
+apart the ratio of its prefill (its first forward pass, into an empty cache) and of a decoding
+step (the median of its later forward passes), both timed inside the same call.
 
 Usage: python benchmarks/mi_serving_shapes.py [--device cpu|cuda] [--models ...]
        [--batches 1 8 32] [--prompts 64 2048] [--json FILE] [--quick]
@@ -27,7 +27,6 @@ from contextlib import nullcontext
 
 import torch
 from transformers import (
-    DynamicCache,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen3MoeConfig,
@@ -35,7 +34,6 @@ from transformers import (
 )
 
 from hf_memory import BankSet, MemoryBank, load_default_model, steer
-from hf_memory.models.transformers_compat import cache_kwargs
 
 PATHS = ("reference", "auto")
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -91,36 +89,37 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def generate_seconds(model, ids: torch.Tensor, new_tokens: int) -> float:
-    synchronize(ids.device)
-    start = time.perf_counter()
-    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                   min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    synchronize(ids.device)
-    return time.perf_counter() - start
+def timed_generate(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, float]:
+    """Seconds of a greedy ``generate()`` of ``new_tokens``, of its prefill (its first forward
+    pass, into an empty cache) and the median seconds of its decoding steps (the later forward
+    passes), each forward timed by hooks on the model that run outside every steering hook."""
+    starts, seconds = [], []
 
-
-def prefill_and_steps(model, ids: torch.Tensor, steps: int) -> tuple[float, float]:
-    """Seconds of the prefill (one forward pass over ``ids`` into an empty cache) and the median
-    seconds of ``steps`` greedy decoding steps after it, each timed alone."""
-    cache = DynamicCache(config=model.config)
-    synchronize(ids.device)
-    start = time.perf_counter()
-    logits = model(ids, **cache_kwargs(cache), use_cache=True).logits
-    synchronize(ids.device)
-    prefill = time.perf_counter() - start
-    token, times = logits[:, -1:].argmax(-1), []
-    for _ in range(steps):
-        start = time.perf_counter()
-        token = model(token, **cache_kwargs(cache), use_cache=True).logits.argmax(-1)
+    def begin(module, args, kwargs):
         synchronize(ids.device)
-        times.append(time.perf_counter() - start)
-    return prefill, statistics.median(times)
+        starts.append(time.perf_counter())
+
+    def end(module, args, kwargs, output):
+        synchronize(ids.device)
+        seconds.append(time.perf_counter() - starts[-1])
+
+    hooks = [model.register_forward_pre_hook(begin, with_kwargs=True, prepend=True),
+             model.register_forward_hook(end, with_kwargs=True)]
+    try:
+        synchronize(ids.device)
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        synchronize(ids.device)
+        total = time.perf_counter() - start
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total, seconds[0], statistics.median(seconds[1:])
 
 
 def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
-            repeats: int, paths: tuple[str, ...] = PATHS, steps: int = 16,
-            warmups: int = 1) -> dict:
+            repeats: int, paths: tuple[str, ...] = PATHS, warmups: int = 1) -> dict:
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=model.device)
     labels = ("plain",) + paths
     times: dict[str, list] = {label: [] for label in labels}
@@ -129,8 +128,7 @@ def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
             for label in labels:
                 with (nullcontext() if label == "plain"
                       else steer(model, banks, mixture_path=label)):
-                    measured = (generate_seconds(model, ids, new_tokens),
-                                *prefill_and_steps(model, ids, steps))
+                    measured = timed_generate(model, ids, new_tokens)
                 if repeat >= warmups:
                     times[label].append(measured)
     median = {label: [statistics.median(column) for column in zip(*rows, strict=True)]
