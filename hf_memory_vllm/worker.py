@@ -488,10 +488,9 @@ class WorkerSteering:
                 1, blocks.flatten()).view(self.kv_heads, len(blocks), -1, head_dim)
             plain = group.queries(out)
             mixed = bank_mixture_over(plain, group.queries(pre), group.queries(post),
-                                      history.transpose(0, 1), None, site.stack,
-                                      scaling=scaling, gamma=site.gamma,
-                                      size_normalize=site.size_normalize, softcap=softcap,
-                                      strength=site.strength, bias=bias)[:, site.heads]
+                                      history.transpose(0, 1), bias, site.stack,
+                                      scaling=scaling, gamma=site.gamma, softcap=softcap,
+                                      strength=site.strength)[:, site.heads]
             steered = mixed[:, :, 0] if group.decoding else mixed[0].transpose(0, 1)
             group.put(out, site.heads, steered.to(out.dtype))
 

@@ -322,6 +322,14 @@ def stack_of(inputs: dict, case: dict, compute: torch.dtype) -> BankStack:
     return BankStack.of(banks, rho=case["rho"], size_normalize=case["size_normalize"])
 
 
+def mixture_over(history, q_pre, q_post, key, visible, stack, *, size_normalize, **kwargs):
+    """``bank_mixture_over`` with its bias made from ``visible`` by ``history_bias``."""
+    b, heads, _, _ = q_post.shape
+    bias = history_bias(visible, batch=b, span=key.shape[2], kv_heads=key.shape[1],
+                        heads=heads, size_normalize=size_normalize, dtype=stack.keys.dtype)
+    return bank_mixture_over(history, q_pre, q_post, key, bias.to(key.device), stack, **kwargs)
+
+
 @PROPERTY
 @given(case=mixture_cases(), compute=st.sampled_from([torch.float32, torch.float64]))
 @example(case=EXTREME, compute=torch.float64)
@@ -334,10 +342,10 @@ def test_mixture_over_the_stock_history_output_equals_the_bank_level_mixture(cas
     inputs = build_mixture(case)
     expected, _, peak = reference_mixture(rounded(inputs, compute), case)
     history = history_attention(rounded(inputs, compute)).to(compute)
-    out = bank_mixture_over(history, inputs["q_pre"].to(compute), inputs["q_post"].to(compute),
-                            inputs["key"].to(compute), inputs["visible"],
-                            stack_of(inputs, case, compute), scaling=inputs["scaling"],
-                            gamma=case["gamma"], size_normalize=case["size_normalize"])
+    out = mixture_over(history, inputs["q_pre"].to(compute), inputs["q_post"].to(compute),
+                       inputs["key"].to(compute), inputs["visible"],
+                       stack_of(inputs, case, compute), scaling=inputs["scaling"],
+                       gamma=case["gamma"], size_normalize=case["size_normalize"])
     assert out.dtype == compute and out.shape == expected.shape
     assert torch.isfinite(out).all()
     tol = compute_tolerance(compute, peak)
@@ -390,8 +398,8 @@ def test_mixture_over_the_history_equals_bank_mixture_with_a_soft_cap(softcap):
                 size_normalize=case["size_normalize"], softcap=softcap)
     want, _ = bank_mixture(inputs["q_pre"], inputs["q_post"], inputs["key"], inputs["value"],
                            inputs["visible"], stack, **args)
-    got = bank_mixture_over(history_attention(inputs, softcap), inputs["q_pre"],
-                            inputs["q_post"], inputs["key"], inputs["visible"], stack, **args)
+    got = mixture_over(history_attention(inputs, softcap), inputs["q_pre"], inputs["q_post"],
+                       inputs["key"], inputs["visible"], stack, **args)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -414,13 +422,12 @@ def test_mixture_over_whole_blocks_with_the_bias_equals_the_rows_own_keys(size_n
     visible = (torch.arange(span)[None, :] < torch.tensor(lengths)[:, None])[:, None, None]
     bias = history_bias(visible, batch=len(lengths), span=span, kv_heads=kv_heads, heads=heads,
                         size_normalize=size_normalize, dtype=torch.float64)
-    args = dict(scaling=0.4, size_normalize=size_normalize, strength=0.6)
-    got = bank_mixture_over(history, q_pre, q_post, keys.transpose(0, 1), None, stack,
-                            bias=bias, **args)
+    got = bank_mixture_over(history, q_pre, q_post, keys.transpose(0, 1), bias, stack,
+                            scaling=0.4, strength=0.6)
     for row, n in enumerate(lengths):
-        alone = bank_mixture_over(history[row:row + 1], q_pre[row:row + 1],
-                                  q_post[row:row + 1], keys[:, row:row + 1, :n].transpose(0, 1),
-                                  None, stack, **args)
+        alone = mixture_over(history[row:row + 1], q_pre[row:row + 1], q_post[row:row + 1],
+                             keys[:, row:row + 1, :n].transpose(0, 1), None, stack, scaling=0.4,
+                             size_normalize=size_normalize, strength=0.6)
         torch.testing.assert_close(got[row:row + 1], alone, rtol=1e-12, atol=1e-12)
 
 
@@ -435,8 +442,8 @@ def test_mixture_over_the_history_folds_the_strength_dial(strength):
     args = (inputs["q_pre"], inputs["q_post"], inputs["key"], inputs["visible"], stack)
     kwargs = dict(scaling=inputs["scaling"], gamma=case["gamma"],
                   size_normalize=case["size_normalize"])
-    want = toward(history, bank_mixture_over(history, *args, **kwargs), strength)
-    got = bank_mixture_over(history, *args, **kwargs, strength=strength)
+    want = toward(history, mixture_over(history, *args, **kwargs), strength)
+    got = mixture_over(history, *args, **kwargs, strength=strength)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 

@@ -314,15 +314,13 @@ def bank_mixture_over(
     q_pre: torch.Tensor,
     q_post: torch.Tensor,
     key: torch.Tensor,
-    visible: torch.Tensor | None,
+    bias: torch.Tensor,
     stack: BankStack,
     *,
     scaling: float,
     gamma: float = 1.0,
-    size_normalize: bool = True,
     softcap: float | None = None,
     strength: float = 1.0,
-    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`bank_mixture`'s output when the stock attention over the history is already known,
     moved the fraction ``strength`` of the way from ``history`` (``toward(history, ·, strength)``,
@@ -336,17 +334,13 @@ def bank_mixture_over(
     on vLLM's own attention output, once per steered layer and decoding step, so it is written
     for few kernels: everything is computed KV-head major (``[KVH·B, G·T, ·]``), where keys
     gathered KV-head major (``key`` a ``[B, KVH, S, D]`` view of a ``[KVH, B, S, D]`` tensor)
-    are multiplied without a copy, and the mask and −log T_t enter the history's product as one
-    additive ``bias`` (:func:`history_bias`, made here from ``visible`` when not given;
-    ``visible`` is not read when it is).
+    are multiplied without a copy, and the mask and the size normalisation's −log T_t enter the
+    history's product as one additive ``bias`` (:func:`history_bias`, made once per pass).
     """
     b, heads, t, d = q_post.shape
     kv_heads, span = key.shape[1], key.shape[2]
     g = heads // kv_heads
     dtype = stack.keys.dtype
-    if bias is None:
-        bias = history_bias(visible, batch=b, span=span, kv_heads=kv_heads, heads=heads,
-                            size_normalize=size_normalize, dtype=dtype).to(key.device)
 
     def rows(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] → [KVH·B, G·T, D]
         return x.to(dtype).reshape(b, kv_heads, g * t, d).transpose(0, 1).reshape(
