@@ -84,6 +84,24 @@ def banks_for(model, slots: int = 24, sites: int = 5) -> BankSet:
     return BankSet(made, model=model)
 
 
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype``, read back by :func:`device_dtype_and_machine`."""
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
+                        help="default: bfloat16 on CUDA, float32 on the CPU")
+
+
+def device_dtype_and_machine(args) -> tuple[torch.device, torch.dtype, str]:
+    """The device, the dtype (bfloat16 on CUDA, float32 on the CPU unless given) and the machine
+    in words (the GPU's name, or the CPU's and its torch threads)."""
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    where = (torch.cuda.get_device_name() if device.type == "cuda"
+             else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+                  "threads")
+    return device, dtype, where
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -148,9 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every measurement here (JSON lines)")
     parser.add_argument("--quick", action="store_true", help="a small grid, to check the script")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
-                        help="default: bfloat16 on CUDA, float32 on the CPU")
+    add_device_arguments(parser)
     parser.add_argument("--models", nargs="+", choices=list(MODELS),
                         default=["smollm2-135m", "llama-1b", "qwen3-moe"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
@@ -165,12 +181,8 @@ def main() -> None:
                         help="the mixture paths to time beside plain (default: both)")
     args = parser.parse_args()
     paths = tuple(args.paths)
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    device, dtype, where = device_dtype_and_machine(args)
     batches, prompts = ([1, 2], [16]) if args.quick else (args.batches, args.prompts)
-    where = (torch.cuda.get_device_name() if device.type == "cuda"
-             else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-                  "threads")
     print(f"# {where}, torch {torch.__version__}; greedy generate() of {args.new_tokens} new "
           f"tokens, {dtype}, banks 2 x 24 slots at 5 layers; ratios steered / plain, "
           f"{' | '.join(paths)} path", flush=True)

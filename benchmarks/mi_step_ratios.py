@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from contextlib import nullcontext
@@ -26,7 +25,15 @@ from contextlib import nullcontext
 import torch
 from transformers import DynamicCache
 
-from benchmarks.mi_serving_shapes import MODELS, PATHS, banks_for, build, synchronize
+from benchmarks.mi_serving_shapes import (
+    MODELS,
+    PATHS,
+    add_device_arguments,
+    banks_for,
+    build,
+    device_dtype_and_machine,
+    synchronize,
+)
 from hf_memory import steer
 from hf_memory.models.transformers_compat import cache_kwargs
 
@@ -97,9 +104,7 @@ def shown(figures: dict | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
-                        help="default: bfloat16 on CUDA, float32 on the CPU")
+    add_device_arguments(parser)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["llama-1b"])
     parser.add_argument("--batches", nargs="+", type=int, default=[8, 32])
     parser.add_argument("--prompts", nargs="+", type=int, default=[64])
@@ -110,11 +115,9 @@ def main() -> None:
     parser.add_argument("--decode-rounds", type=int, default=20)
     parser.add_argument("--json", help="write every measurement here (JSON lines)")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    where = (torch.cuda.get_device_name() if device.type == "cuda"
-             else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-                  "threads")
+    if args.decode_rounds < 1 or args.prefill_rounds < 0:
+        parser.error("--decode-rounds must be at least 1 and --prefill-rounds at least 0")
+    device, dtype, where = device_dtype_and_machine(args)
     print(f"# {where}, torch {torch.__version__}, {dtype}; banks 2 x 24 slots at 5 layers; "
           "plain / steered seconds of adjacent passes: median [quartiles] over rounds")
     print(f"{'model':>13} {'B':>3} {'prompt':>6} {'path':>9} {'prefill':>17} {'decode':>17}")
