@@ -86,6 +86,19 @@ def _index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
     return torch.tensor(rows, device=device)
 
 
+def _rows_view(x: torch.Tensor, rows: slice | torch.Tensor, kv_heads: int,
+               head_dim: int) -> torch.Tensor | None:
+    """The token rows ``x[rows]`` of ``x`` ``[T, KVH·G·D]`` as ``[KVH, n, G, D]`` in one strided
+    view (a decoding step's hooks cost more by their count of torch ops than by their work), or None
+    where no view can be: rows not consecutive, or a row's elements not adjacent."""
+    if not isinstance(rows, slice) or x.dim() != 2 or x.stride(1) != 1:
+        return None
+    g = x.shape[1] // (kv_heads * head_dim)
+    return x.as_strided((kv_heads, rows.stop - rows.start, g, head_dim),
+                        (g * head_dim, x.stride(0), head_dim, 1),
+                        x.storage_offset() + rows.start * x.stride(0))
+
+
 @dataclass
 class _Group:
     """Steered requests of the forward pass in progress that share their sites: every decoding
@@ -104,6 +117,7 @@ class _Group:
     device: torch.device
     heads: int
     kv_heads: int
+    head_dim: int
     dtype: torch.dtype  # the banks' compute dtype
     _history: dict = dataclasses.field(default_factory=dict)
 
@@ -111,25 +125,44 @@ class _Group:
         self.index = _index(self.rows, self.device)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
-        """Token rows ``[T, H, D]`` of the pass → this group's ``[n, H, 1, D]`` (decoding: each
-        request one query) or ``[1, H, T, D]`` (prefill)."""
+        """Token rows ``[T, H·D]`` of the pass → this group's rows KV-head major, as
+        :func:`~hf_memory.steering.mixture.bank_mixture_over` takes them: ``[KVH, n, G, D]``
+        (decoding: each request one query; one strided view when its rows are consecutive) or
+        ``[KVH, 1, G·T, D]`` (prefill)."""
         if self.decoding:
-            return x[self.index][:, :, None]
-        return x[self.index].transpose(0, 1)[None]
+            view = _rows_view(x, self.index, self.kv_heads, self.head_dim)
+            if view is not None:
+                return view
+            return x[self.index].view(len(self.rows), self.kv_heads, -1,
+                                      self.head_dim).transpose(0, 1)
+        return x[self.index].view(len(self.rows), self.kv_heads, -1, self.head_dim).permute(
+            1, 2, 0, 3).reshape(self.kv_heads, 1, -1, self.head_dim)
 
-    def put(self, out: torch.Tensor, heads: slice | torch.Tensor, steered: torch.Tensor) -> None:
-        """Write ``steered`` ``[n | T, heads, D]`` into this group's rows of ``out``."""
-        if isinstance(heads, slice):
-            out[self.index] = steered
-        elif isinstance(self.index, slice):
-            out[self.index, heads] = steered
+    def put(self, out: torch.Tensor, heads: slice | torch.Tensor, mixed: torch.Tensor) -> None:
+        """Write the ``heads`` of ``mixed`` (laid out as :meth:`queries` makes them) into this
+        group's rows of ``out`` ``[T, H·D]`` (cast to its dtype by the copy)."""
+        n, d = len(self.rows), self.head_dim
+        if self.decoding and isinstance(heads, slice):
+            view = _rows_view(out, self.index, self.kv_heads, d)
+            if view is not None:  # every head of consecutive rows: written through the view
+                view.copy_(mixed)
+                return
+        if self.decoding:
+            steered = mixed.transpose(0, 1).reshape(n, -1, d)  # [n, H, D]
         else:
-            out[self.index[:, None], heads] = steered
+            steered = mixed.view(self.kv_heads, -1, n, d).permute(2, 0, 1, 3).reshape(n, -1, d)
+        rows = out.view(out.shape[0], -1, d)
+        if isinstance(heads, slice):
+            rows[self.index] = steered
+        elif isinstance(self.index, slice):
+            rows[self.index, heads] = steered[:, heads]
+        else:
+            rows[self.index[:, None], heads] = steered[:, heads]
 
     def history(self, window: int | None, size_normalize: bool):
-        """``(blocks [n, B], bias)``, on the group's device: the cache blocks holding every key
-        some new token sees (the last ``window`` positions with a sliding window, else all), and
-        the mixture's additive bias on their ``S = B·block_size`` positions
+        """``(blocks [n·B], bias)``, on the group's device: the cache blocks holding every key
+        some new token sees (the last ``window`` positions with a sliding window, else all), row
+        after row, and the mixture's additive bias on their ``S = B·block_size`` positions
         (:func:`~hf_memory.steering.mixture.history_bias`: −inf past a row's end or outside its
         window). Whole blocks keep the products' shapes the same from one decoding step to the
         next (a product of a new shape costs the CPU's BLAS a fresh plan: 3x at 32 requests).
@@ -139,14 +172,19 @@ class _Group:
             bias = history_bias(visible, batch=len(blocks), span=visible.shape[-1],
                                 kv_heads=self.kv_heads, heads=self.heads,
                                 size_normalize=size_normalize, dtype=self.dtype)
-            self._history[window, size_normalize] = (blocks.to(self.device),
+            self._history[window, size_normalize] = (blocks.flatten().to(self.device),
                                                      bias.to(self.device))
         return self._history[window, size_normalize]
 
     def _visible(self, window: int | None):
-        """The blocks of every row, and which of their positions each query sees
+        """The blocks of every row ``[n, B]``, and which of their positions each query sees
         (``[n, 1, T, S]``)."""
-        size, queries = self.block_size, 1 if self.decoding else len(self.rows)
+        size = self.block_size
+        if self.decoding and window is None:  # each row sees its own keys: its first blocks
+            count = (max(self.lengths) - 1) // size + 1
+            seen = torch.arange(count * size) < torch.tensor(self.lengths)[:, None]
+            return self.table[:, :count], seen[:, None, None]
+        queries = 1 if self.decoding else len(self.rows)
         lengths = torch.tensor(self.lengths)
         query = lengths[:, None] - queries + torch.arange(queries)  # [n, T] positions
         first = torch.zeros_like(lengths)
@@ -220,13 +258,13 @@ class WorkerSteering:
     def __init__(self, model: nn.Module, vllm_config) -> None:
         self.registry = Registry.from_env()
         self.model = model
-        self.block_size = 0
+        self.block_size = self.head_dim = 0
         self.hf_config = vllm_config.model_config.hf_config
         self.bank_sets: dict[str, BankSet] = {}
         self.selectors: dict[str, Selector] = {}
         self._plans: dict[tuple, dict[int, _Site]] = {}
         self.layers: list[int] = []
-        self._shadow: dict[int, torch.Tensor] = {}
+        self._shadow: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._queries: dict[int, torch.Tensor] = {}
         self._step: _Step | None = None
         if self.registry is None:
@@ -376,6 +414,8 @@ class WorkerSteering:
         self._forward_context = forward_context  # read at every hooked layer: imported once
         layers = self.model.model.layers
         source = QUERY_SOURCES[model_type]
+        if self.layers:
+            self.head_dim = layers[self.layers[0]].self_attn.head_dim
         for index in self.layers:
             attention = layers[index].self_attn
             getattr(attention, source).register_forward_hook(
@@ -423,7 +463,7 @@ class WorkerSteering:
             dtype = next(iter(sites.values())).stack.keys.dtype
             return _Group(sites, rows, lengths, table.cpu().long(), self.block_size,
                           decoding=decoding, device=device, heads=self.heads,
-                          kv_heads=self.kv_heads, dtype=dtype)
+                          kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=dtype)
 
         for key, indices in decoding.items():
             sites = self.plan(requests[key])
@@ -470,37 +510,37 @@ class WorkerSteering:
         head_dim = attention.head_dim
         # only steered requests read the shadow cache, and their prefix-cache blocks are salted
         # per steering, so only their tokens are written (plain batches pay nothing here)
-        shadow = self._shadow_cache(layer, attention)
-        shadow.index_copy_(1, slots, key[rows].view(-1, self.kv_heads, head_dim)
-                           .transpose(0, 1))
+        by_slot, by_block = self._shadow_cache(layer, attention)
+        keys = _rows_view(key, rows, self.kv_heads, head_dim)
+        if keys is None:
+            keys = key[rows].view(-1, self.kv_heads, 1, head_dim).transpose(0, 1)
+        by_slot.index_copy_(1, slots, keys.squeeze(2))
         q_pre = self._queries.pop(layer)
-        out = output.view(output.shape[0], self.heads, head_dim)
-        post = query.reshape(query.shape[0], self.heads, head_dim)
-        pre = q_pre.view(q_pre.shape[0], self.heads, head_dim)
         # the scores as vLLM's own attention layer makes them: scale, soft-cap (0: none), window
         scaling, softcap = attention.scaling, attention.attn.impl.logits_soft_cap or None
         window = attention.attn.sliding_window
         for group in groups:
             site = group.sites[layer]
             blocks, bias = group.history(window, site.size_normalize)
-            # [n, KVH, S, D] as a view of [KVH, n, S, D]: whole blocks gathered KV-head major
-            history = shadow.view(self.kv_heads, -1, self.block_size, head_dim).index_select(
-                1, blocks.flatten()).view(self.kv_heads, len(blocks), -1, head_dim)
-            plain = group.queries(out)
-            mixed = bank_mixture_over(plain, group.queries(pre), group.queries(post),
-                                      history.transpose(0, 1), bias, site.stack,
+            # [KVH, n, S, D]: whole blocks gathered KV-head major, row after row
+            history = by_block.index_select(1, blocks).view(self.kv_heads, len(group.lengths),
+                                                            -1, head_dim)
+            mixed = bank_mixture_over(group.queries(output), group.queries(q_pre),
+                                      group.queries(query), history, bias, site.stack,
                                       scaling=scaling, gamma=site.gamma, softcap=softcap,
-                                      strength=site.strength)[:, site.heads]
-            steered = mixed[:, :, 0] if group.decoding else mixed[0].transpose(0, 1)
-            group.put(out, site.heads, steered.to(out.dtype))
+                                      strength=site.strength)
+            group.put(output, site.heads, mixed)
 
-    def _shadow_cache(self, layer: int, attention: nn.Module) -> torch.Tensor:
-        """Keys of every cache slot at ``layer``, KV-head major ``[KVH, slots, D]`` (values are
-        never read back: vLLM's own output stands for them)."""
+    def _shadow_cache(self, layer: int, attention: nn.Module):
+        """Keys of every cache slot at ``layer``, KV-head major: ``[KVH, slots, D]`` and the same
+        tensor by block ``[KVH, blocks, block_size, D]`` (values are never read back: vLLM's own
+        output stands for them)."""
         if layer not in self._shadow:
             cache = attention.attn.kv_cache
             if isinstance(cache, list | tuple):
                 cache = cache[0]
             slots = cache.numel() // (2 * self.kv_heads * attention.head_dim)
-            self._shadow[layer] = cache.new_zeros(self.kv_heads, slots, attention.head_dim)
+            by_slot = cache.new_zeros(self.kv_heads, slots, attention.head_dim)
+            self._shadow[layer] = by_slot, by_slot.view(self.kv_heads, -1, self.block_size,
+                                                        attention.head_dim)
         return self._shadow[layer]

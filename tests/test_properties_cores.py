@@ -322,12 +322,32 @@ def stack_of(inputs: dict, case: dict, compute: torch.dtype) -> BankStack:
     return BankStack.of(banks, rho=case["rho"], size_normalize=case["size_normalize"])
 
 
+def by_kv_head(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[B, H, T, D]`` → ``[KVH, B, G·T, D]``, the layout ``bank_mixture_over`` takes."""
+    b, heads, t, d = x.shape
+    return x.reshape(b, kv_heads, heads // kv_heads * t, d).transpose(0, 1)
+
+
+def by_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """``[KVH, B, G·T, D]`` → ``[B, H, T, D]`` (the inverse of ``by_kv_head``)."""
+    kv_heads, b, rows, d = x.shape
+    return x.transpose(0, 1).reshape(b, heads, rows * kv_heads // heads, d)
+
+
+def mixture_over_heads(history, q_pre, q_post, key, bias, stack, **kwargs):
+    """``bank_mixture_over`` on operands laid out by head (``key`` ``[B, KVH, S, D]``)."""
+    kv_heads, heads = key.shape[1], q_post.shape[1]
+    got = bank_mixture_over(*(by_kv_head(x, kv_heads) for x in (history, q_pre, q_post)),
+                            key.transpose(0, 1), bias, stack, **kwargs)
+    return by_head(got, heads)
+
+
 def mixture_over(history, q_pre, q_post, key, visible, stack, *, size_normalize, **kwargs):
-    """``bank_mixture_over`` with its bias made from ``visible`` by ``history_bias``."""
+    """``bank_mixture_over`` by head, with its bias made from ``visible`` by ``history_bias``."""
     b, heads, _, _ = q_post.shape
     bias = history_bias(visible, batch=b, span=key.shape[2], kv_heads=key.shape[1],
                         heads=heads, size_normalize=size_normalize, dtype=stack.keys.dtype)
-    return bank_mixture_over(history, q_pre, q_post, key, bias.to(key.device), stack, **kwargs)
+    return mixture_over_heads(history, q_pre, q_post, key, bias.to(key.device), stack, **kwargs)
 
 
 @PROPERTY
@@ -422,8 +442,8 @@ def test_mixture_over_whole_blocks_with_the_bias_equals_the_rows_own_keys(size_n
     visible = (torch.arange(span)[None, :] < torch.tensor(lengths)[:, None])[:, None, None]
     bias = history_bias(visible, batch=len(lengths), span=span, kv_heads=kv_heads, heads=heads,
                         size_normalize=size_normalize, dtype=torch.float64)
-    got = bank_mixture_over(history, q_pre, q_post, keys.transpose(0, 1), bias, stack,
-                            scaling=0.4, strength=0.6)
+    got = mixture_over_heads(history, q_pre, q_post, keys.transpose(0, 1), bias, stack,
+                             scaling=0.4, strength=0.6)
     for row, n in enumerate(lengths):
         alone = mixture_over(history[row:row + 1], q_pre[row:row + 1], q_post[row:row + 1],
                              keys[:, row:row + 1, :n].transpose(0, 1), None, stack, scaling=0.4,

@@ -326,55 +326,52 @@ def bank_mixture_over(
     moved the fraction ``strength`` of the way from ``history`` (``toward(history, ·, strength)``,
     folded into the mixture's last product).
 
-    ``history`` ``[B, H, T, D]`` is the stock attention's output (softmax over the visible,
-    capped history scores, times the history values). The prompt bank's routing mass is the sum of
-    its columns' weights in the one softmax over [history scores − log T_t ; slot logits], and its
-    output is ``history`` itself: the history's values are never read again.
+    ``history`` is the stock attention's output (softmax over the visible, capped history scores,
+    times the history values). The prompt bank's routing mass is the sum of its columns' weights
+    in the one softmax over [history scores − log T_t ; slot logits], and its output is
+    ``history`` itself: the history's values are never read again.
     Equal to :func:`bank_mixture` up to rounding (the tests compare them); the vLLM worker uses it
     on vLLM's own attention output, once per steered layer and decoding step, so it is written
-    for few kernels: everything is computed KV-head major (``[KVH·B, G·T, ·]``), where keys
-    gathered KV-head major (``key`` a ``[B, KVH, S, D]`` view of a ``[KVH, B, S, D]`` tensor)
-    are multiplied without a copy, and the mask and the size normalisation's −log T_t enter the
-    history's product as one additive ``bias`` (:func:`history_bias`, made once per pass).
+    for few ops and takes every operand KV-head major, the layout in which the worker gathers its
+    cache: ``history``, ``q_pre``, ``q_post`` ``[KVH, B, G·T, D]`` (row ``g·T + t``: query head
+    ``kv·G + g`` at token ``t``), ``key`` ``[KVH, B, S, D]``; the output is laid out as
+    ``history``. The mask and the size normalisation's −log T_t enter the history's product as
+    one additive ``bias`` (:func:`history_bias`, made once per pass). Operands in another dtype
+    than the banks' are cast to it.
     """
-    b, heads, t, d = q_post.shape
-    kv_heads, span = key.shape[1], key.shape[2]
-    g = heads // kv_heads
+    kv_heads, b, rows, d = q_post.shape
+    span = key.shape[2]
     dtype = stack.keys.dtype
 
-    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] → [KVH·B, G·T, D]
-        return x.to(dtype).reshape(b, kv_heads, g * t, d).transpose(0, 1).reshape(
-            kv_heads * b, g * t, d)
+    def flat(x: torch.Tensor, *shape: int) -> torch.Tensor:  # a view when x is contiguous
+        return (x if x.dtype == dtype else x.to(dtype)).reshape(shape)
 
-    keys_t = key.to(dtype).transpose(0, 1).reshape(kv_heads * b, span, d).transpose(-1, -2)
+    keys_t = flat(key, kv_heads * b, span, d).transpose(-1, -2)
     if softcap is None:  # scale, mask and −log T_t in one kernel
-        prompt = torch.baddbmm(bias, rows(q_post), keys_t, alpha=scaling)
+        prompt = torch.baddbmm(bias, flat(q_post, kv_heads * b, rows, d), keys_t, alpha=scaling)
     else:
-        prompt = _capped(torch.bmm(rows(q_post), keys_t) * scaling, softcap) + bias
+        prompt = _capped(torch.bmm(flat(q_post, kv_heads * b, rows, d), keys_t) * scaling,
+                         softcap) + bias
 
     slot_keys = stack.keys.transpose(-1, -2)
-
-    def grouped(x: torch.Tensor) -> torch.Tensor:  # [KVH·B, G·T, D] → [KVH, B·G·T, D] (a view)
-        return x.view(kv_heads, b * g * t, d)
-
     if stack.post_columns is None and softcap is None and stack.gate is None:
-        slots = torch.baddbmm(stack.bias, grouped(rows(q_pre)), slot_keys,
+        slots = torch.baddbmm(stack.bias, flat(q_pre, kv_heads, b * rows, d), slot_keys,
                               alpha=scaling)  # one kernel
     else:
         def scores(x: torch.Tensor) -> torch.Tensor:  # [KVH, B·G·T, M]
-            return torch.bmm(grouped(rows(x)), slot_keys) * scaling
+            return torch.bmm(flat(x, kv_heads, b * rows, d), slot_keys) * scaling
 
         raw = _by_rotation(lambda: scores(q_pre), lambda: scores(q_post), stack.post_columns)
         slots = _gated(_capped(raw, softcap), stack, gamma)
     # one softmax over [history ; slots]; the history's columns are summed to its mass and its
     # output is vLLM's (the softmax is one fused kernel, cheaper than a separate log-sum-exp)
-    weights = torch.softmax(torch.cat([prompt.view(kv_heads, b * g * t, span), slots], -1), -1)
+    weights = torch.softmax(torch.cat([prompt.view(kv_heads, b * rows, span), slots], -1), -1)
     mass = weights[..., :span].sum(-1, keepdim=True)
     # toward(h, w0 h + Σ w_m v_m, s) = (1 − s + s w0) h + s Σ w_m v_m
     keep = mass if strength == 1.0 else mass * strength + (1 - strength)
-    mixed = torch.baddbmm(keep * grouped(rows(history)), weights[..., span:], stack.values,
-                          alpha=strength)
-    return mixed.view(kv_heads, b, g, t, d).transpose(0, 1).reshape(b, heads, t, d)
+    mixed = torch.baddbmm(keep * flat(history, kv_heads, b * rows, d), weights[..., span:],
+                          stack.values, alpha=strength)
+    return mixed.view(kv_heads, b, rows, d)
 
 
 @dataclass(frozen=True)
