@@ -129,14 +129,13 @@ class _Group:
         :func:`~hf_memory.steering.mixture.bank_mixture_over` takes them: ``[KVH, n, G, D]``
         (decoding: each request one query; one strided view when its rows are consecutive) or
         ``[KVH, 1, G·T, D]`` (prefill)."""
+        view = _rows_view(x, self.index, self.kv_heads, self.head_dim) if self.decoding else None
+        if view is not None:
+            return view
+        rows = x[self.index].view(len(self.rows), self.kv_heads, -1, self.head_dim)
         if self.decoding:
-            view = _rows_view(x, self.index, self.kv_heads, self.head_dim)
-            if view is not None:
-                return view
-            return x[self.index].view(len(self.rows), self.kv_heads, -1,
-                                      self.head_dim).transpose(0, 1)
-        return x[self.index].view(len(self.rows), self.kv_heads, -1, self.head_dim).permute(
-            1, 2, 0, 3).reshape(self.kv_heads, 1, -1, self.head_dim)
+            return rows.transpose(0, 1)
+        return rows.permute(1, 2, 0, 3).reshape(self.kv_heads, 1, -1, self.head_dim)
 
     def put(self, out: torch.Tensor, heads: slice | torch.Tensor, mixed: torch.Tensor) -> None:
         """Write the ``heads`` of ``mixed`` (laid out as :meth:`queries` makes them) into this
