@@ -80,7 +80,7 @@ def main() -> None:
             step_ms(model, ids, args.steps)  # warm-up: the GPU's clocks rise from idle
             plain_ms = step_ms(model, ids, args.steps)
             steered = {}
-            for path in ("reference", "auto"):
+            for path in ("reference", "torch", "auto"):
                 with steer(model, banks, mixture_path=path):
                     steered[path] = (*kernels(model, ids), step_ms(model, ids, args.steps))
         print(f"{name} batch {batch} prompt {prompt}:")

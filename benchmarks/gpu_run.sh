@@ -39,7 +39,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, its log appende
     { echo "## $name: exit $rc after $((SECONDS - start)) s"; cat "$log"; } >> "$OUT/steps.log"
     echo "## $name: exit $rc after $((SECONDS - start)) s"
 }
-step 110 gpu_tests python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 100 \
+step 110 gpu_tests python3 -m pytest tests/test_gpu.py tests/test_fused_merge.py -q -p no:cacheprovider --timeout 100 \
     ${GPU_TESTS:+-k "$GPU_TESTS"}
 [ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 benchmarks/gpu_lse_kernels.py
 [ "${SKIP_PROFILE:-0}" = 1 ] || step 45 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py

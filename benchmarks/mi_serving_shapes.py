@@ -6,8 +6,9 @@ embedded model itself, ``embedded``). Each is steered by a target and a referenc
 slots at five layers (the size of a shipped selector's sites), built with
 ``MemoryBank.from_tensors``. For each batch and prompt length: greedy ``generate()`` of the new
 tokens, plain and steered by each mixture path alternating (``auto``: the banks merged into the
-stock kernel's output by its log-sum-exp where the device has such a kernel; ``reference``: the
-history recomputed beside the stock call, the path before it), median of the repeats after a
+stock kernel's output by its log-sum-exp where the device has such a kernel, on CUDA in one
+Triton kernel; ``torch``: that merge in PyTorch ops; ``reference``: the history recomputed
+beside the stock call, the path before both), median of the repeats after a
 warm-up round (``--warmups``); tokens/s and the steered / plain ratio of the whole call, and
 apart the ratio of its prefill (its first forward pass, into an empty cache) and of a decoding
 step (the median of its later forward passes), both timed inside the same call.
@@ -35,7 +36,7 @@ from transformers import (
 
 from hf_memory import BankSet, MemoryBank, load_default_model, steer
 
-PATHS = ("reference", "auto")
+PATHS = ("reference", "torch", "auto")
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                     rope_theta=100000.0, tie_word_embeddings=True, max_position_embeddings=8192)
@@ -177,8 +178,10 @@ def main() -> None:
                         help="untimed rounds before the repeats at each shape (0: none, for "
                              "shapes so large that one round takes many minutes, measured after "
                              "a smaller shape in the same process)")
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
-                        help="the mixture paths to time beside plain (default: both)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=["reference", "auto"],
+                        help="the mixture paths to time beside plain (default: reference and "
+                             "auto; torch: the log-sum-exp merge in PyTorch ops, which auto is "
+                             "on a CPU)")
     args = parser.parse_args()
     paths = tuple(args.paths)
     device, dtype, where = device_dtype_and_machine(args)

@@ -372,24 +372,37 @@ def moved(banks, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("family", SDPA_FAMILIES)
-def test_lse_path_on_cuda_equals_the_reference_path(family, dtype, lse_calls):
-    """The banks merged into the CUDA kernel's output by its log-sum-exp (the default path)
-    against the history recomputed beside it: left padding, head-subset sites, positioned and
-    contrastive banks, then cached greedy decoding."""
+def test_lse_path_on_cuda_equals_the_reference_path(family, dtype, lse_calls, monkeypatch):
+    """The banks merged into the CUDA kernel's output by its log-sum-exp — in one Triton kernel
+    (the default path) and in PyTorch ops (``torch``) — against the history recomputed beside
+    it: left padding, head-subset sites, positioned and contrastive banks, then cached greedy
+    decoding."""
+    from hf_memory.steering import fused_merge
+
+    fused_calls = []
+    real = fused_merge.fused_bank_mixture_by_lse
+
+    def counted(*args, **kwargs):
+        fused_calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused_merge, "fused_bank_mixture_by_lse", counted)
     model = tiny_model(family, dtype=dtype).to(CUDA)
     banks = moved(contrastive(positioned=True), dtype)
     ids, mask = (x.to(CUDA) for x in padded_batch())
     logits, tokens = {}, {}
     with torch.no_grad():
-        for path in ("auto", "reference"):
+        for path in ("auto", "torch", "reference"):
             with steer(model, banks, mixture_path=path, units={1: [0, 3], 2: [1, 2, 3]},
                        layer_gains={1: 0.8, 2: 1.2}):
                 logits[path] = model(ids, attention_mask=mask).logits.double()
                 tokens[path] = model.generate(ids, attention_mask=mask, max_new_tokens=6,
                                               do_sample=False, pad_token_id=0)
     assert lse_calls, "the log-sum-exp path did not run"
-    if dtype == torch.float32:
-        torch.testing.assert_close(logits["auto"], logits["reference"], rtol=1e-4, atol=1e-4)
-        assert torch.equal(tokens["auto"], tokens["reference"])
-    else:
-        assert relative(logits["auto"], logits["reference"]) <= 2e-2
+    assert any(shape[2] == 1 for shape in fused_calls), "no decoding step ran the fused merge"
+    for path in ("auto", "torch"):
+        if dtype == torch.float32:
+            torch.testing.assert_close(logits[path], logits["reference"], rtol=1e-4, atol=1e-4)
+            assert torch.equal(tokens[path], tokens["reference"])
+        else:
+            assert relative(logits[path], logits["reference"]) <= 2e-2

@@ -99,6 +99,19 @@ def test_per_row_banks_take_the_fast_path(lse_calls):
     assert torch.equal(fast[1], plain[1])  # the plain row is the stock model's, bit for bit
 
 
+def test_the_torch_path_is_the_log_sum_exp_merge_in_pytorch_ops(lse_calls):
+    """``mixture_path="torch"`` (never the Triton merge) runs the same log-sum-exp path as
+    ``auto`` does on the CPU: the same logits, bit for bit."""
+    model = tiny_model("llama")
+    ids, mask = padded_batch()
+    out = {}
+    for path in ("auto", "torch"):
+        with steer(model, contrastive(), mixture_path=path):
+            out[path] = model(ids, attention_mask=mask).logits
+    assert len(lse_calls) == 2 * len(contrastive().banks[0].layers)
+    assert torch.equal(out["auto"], out["torch"])
+
+
 def test_unknown_mixture_path_is_named():
     with pytest.raises(ValueError, match="mixture_path must be one of"):
         steer(tiny_model("llama"), contrastive(), mixture_path="fast")

@@ -3,7 +3,8 @@
 ``hf_memory_sdpa`` / ``hf_memory_eager`` wrap the stock ``sdpa`` / ``eager`` attention. At a
 layer where the running call's steering (:data:`ACTIVE_STEERING`) has a site, the banks join the
 history in one softmax: merged into the stock kernel's output by its log-sum-exp
-(:mod:`hf_memory.steering.stock_attention`) where that kernel applies, else by recomputing the
+(:mod:`hf_memory.steering.stock_attention`; on CUDA in one Triton kernel,
+:mod:`hf_memory.steering.fused_merge`) where that kernel applies, else by recomputing the
 history beside it (:func:`~hf_memory.steering.mixture.bank_mixture`, the reference). A contrast
 site (:attr:`~hf_memory.banks.bank_set.BankSet.contrast`) computes both mixtures from the same
 history and writes o_h + s·(o_{h,target} − o_{h,reference}). Layers and heads without a site call
@@ -114,7 +115,7 @@ def _by_lse(site: SiteState, base_name: str, query: torch.Tensor, dropout: float
     model's SDPA attention with no soft-cap, sinks or position bias, a kernel that returns the
     log-sum-exp for this device and dtype, and no routing to record); else the history is
     recomputed beside the stock call (:func:`bank_mixture`)."""
-    return (site.path == "auto" and base_name == "sdpa" and not dropout
+    return (site.path in ("auto", "torch") and base_name == "sdpa" and not dropout
             and not site.record_routing and not site.trace_only
             and not any(kwargs.get(name) is not None
                         for name in ("softcap", "s_aux", "sinks", "position_bias"))
@@ -147,13 +148,26 @@ def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
         log_count = visible.sum(-1).clamp_(min=1).to(dtype).log_()
     common = dict(scaling=scaling, log_count=log_count, gamma=site.gamma,
                   size_normalize=site.size_normalize)
+    merge = _merge_for(site, query)
     if site.minus_slots is None:
-        return bank_mixture_by_lse(history, lse, q_pre, query, site.head_slots,
-                                   strength=site.strength, out_dtype=query.dtype, **common)
-    plus, minus = (bank_mixture_by_lse(history, lse, q_pre, query, slots, **common)
+        return merge(history, lse, q_pre, query, site.head_slots, strength=site.strength,
+                     out_dtype=query.dtype, **common)
+    plus, minus = (merge(history, lse, q_pre, query, slots, **common)
                    for slots in (site.head_slots, site.minus_slots))
     steered = history.transpose(1, 2).to(dtype) + site.strength * (plus - minus)
     return steered.to(query.dtype)
+
+
+def _merge_for(site: SiteState, query: torch.Tensor):
+    """The function merging the banks into the history's output: one Triton kernel on CUDA
+    under the ``auto`` path where it applies (:mod:`hf_memory.steering.fused_merge`, imported
+    only then: a CPU process never loads Triton), else :func:`bank_mixture_by_lse`."""
+    if site.path == "auto" and query.is_cuda and not torch.compiler.is_compiling():
+        from hf_memory.steering.fused_merge import fused_bank_mixture_by_lse, fused_merge_applies
+
+        if fused_merge_applies(query, site.head_slots):
+            return fused_bank_mixture_by_lse
+    return bank_mixture_by_lse
 
 
 def _mixtures(q_pre, query, key, value, visible, site: SiteState, scaling: float,

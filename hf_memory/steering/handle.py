@@ -43,7 +43,7 @@ __all__ = ["RowSteering", "SteeringHandle", "check_strength", "is_per_row", "ste
 
 logger = logging.getLogger(__name__)
 
-MIXTURE_PATHS = ("auto", "reference")
+MIXTURE_PATHS = ("auto", "torch", "reference")
 
 
 def check_strength(strength: Any) -> float:
@@ -119,9 +119,11 @@ class SteeringHandle(CallSteering):
         mixture_path: ``"auto"`` (default) merges the banks into the model's own attention
             kernel's output through its log-sum-exp where such a kernel exists for the device
             and dtype (:mod:`hf_memory.steering.stock_attention`: CPU, and CUDA in float32 and
-            half precision; SDPA models without soft-caps or sinks); ``"reference"`` always
-            recomputes the history's scores beside it in the compute dtype
-            (:func:`hf_memory.steering.mixture.bank_mixture`). Both give the same mixture up
+            half precision; SDPA models without soft-caps or sinks), on CUDA in one Triton
+            kernel where Triton is installed (:mod:`hf_memory.steering.fused_merge`);
+            ``"torch"`` the same merge in PyTorch ops only; ``"reference"`` always recomputes
+            the history's scores beside it in the compute dtype
+            (:func:`hf_memory.steering.mixture.bank_mixture`). All give the same mixture up
             to rounding.
         active: activate the steering in the calling context now (default).
     """
