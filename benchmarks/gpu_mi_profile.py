@@ -6,9 +6,9 @@ the bf16 model, plain and steered (2 x 24 slots at five layers):
 
 * CUDA kernels per step and their summed GPU time (torch.profiler), so a step's wall time can be
   split into GPU work and launch/host overhead;
-* median wall time per step, plain vs steered.
+* median wall time per step, plain vs steered, the paths interleaved in rounds.
 
-Usage: python benchmarks/gpu_mi_profile.py [--steps 20]
+Usage: python benchmarks/gpu_mi_profile.py [--steps 10] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -36,8 +37,8 @@ def prefilled(model, ids: torch.Tensor) -> DynamicCache:
     return cache
 
 
-def step_ms(model, ids: torch.Tensor, steps: int) -> float:
-    """Median ms of a decode step after ``ids`` (the first two steps warm up)."""
+def step_times(model, ids: torch.Tensor, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` decode steps after ``ids`` (two more steps warm up)."""
     cache = prefilled(model, ids)
     token = ids[:, -1:]
     times = []
@@ -47,7 +48,7 @@ def step_ms(model, ids: torch.Tensor, steps: int) -> float:
         model(token, **cache_kwargs(cache), use_cache=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times[2:])
+    return times[2:]
 
 
 def kernels(model, ids: torch.Tensor) -> tuple[int, float]:
@@ -64,9 +65,15 @@ def kernels(model, ids: torch.Tensor) -> tuple[int, float]:
     return len(events), busy / 1000
 
 
+def scope(model, banks, path: str):
+    """Plain, or steered by ``banks`` through the mixture ``path``."""
+    return nullcontext() if path == "plain" else steer(model, banks, mixture_path=path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_mi_profile.py needs a CUDA device")
@@ -75,20 +82,25 @@ def main() -> None:
         model = build(name, CUDA, torch.bfloat16)
         banks = banks_for(model)
         ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=CUDA)
+        paths = ("plain", "reference", "torch", "auto")
+        counts, times = {}, {path: [] for path in paths}
         with torch.inference_mode():
-            plain_n, plain_gpu = kernels(model, ids)
-            step_ms(model, ids, args.steps)  # warm-up: the GPU's clocks rise from idle
-            plain_ms = step_ms(model, ids, args.steps)
-            steered = {}
-            for path in ("reference", "torch", "auto"):
-                with steer(model, banks, mixture_path=path):
-                    steered[path] = (*kernels(model, ids), step_ms(model, ids, args.steps))
-        print(f"{name} batch {batch} prompt {prompt}:")
-        print(f"  plain    {plain_ms:7.2f} ms/step, {plain_n:5d} kernels, GPU busy "
-              f"{plain_gpu:6.2f} ms")
-        for path, (steered_n, steered_gpu, steered_ms) in steered.items():
-            print(f"  {path:9}{steered_ms:7.2f} ms/step, {steered_n:5d} kernels, GPU busy "
-                  f"{steered_gpu:6.2f} ms  (ratio {plain_ms / steered_ms:.2f}x)", flush=True)
+            step_times(model, ids, args.steps)  # warm-up: the GPU's clocks rise from idle
+            for path in paths:
+                with scope(model, banks, path):
+                    counts[path] = kernels(model, ids)
+            for _ in range(args.rounds):  # the paths interleaved: the host's drift hits all
+                for path in paths:
+                    with scope(model, banks, path):
+                        times[path] += step_times(model, ids, args.steps)
+        ms = {path: 1000 * statistics.median(times[path]) for path in paths}
+        print(f"{name} batch {batch} prompt {prompt} (median of {args.rounds} x {args.steps} "
+              "steps per path, interleaved):")
+        for path in paths:
+            n, gpu = counts[path]
+            print(f"  {path:9}{ms[path]:7.2f} ms/step, {n:5d} kernels, GPU busy {gpu:6.2f} ms"
+                  + ("" if path == "plain" else f"  (ratio {ms['plain'] / ms[path]:.2f}x)"),
+                  flush=True)
         del model, banks
         torch.cuda.empty_cache()
 

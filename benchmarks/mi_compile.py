@@ -6,7 +6,8 @@ prompt, five conditions in one
 process: plain eager; plain compiled (inductor); compiled with a steering (target + reference
 bank of 24 slots at five layers) and a CAA handle installed but not live (what a server holding
 handles runs for its plain requests); compiled with the steering live; eager steered. For each:
-Dynamo's graph and break count (``torch._dynamo.explain``) and the median forward time after
+Dynamo's graph and break count (``torch._dynamo.explain``; its first distinct break reasons
+printed below the row) and the median forward time after
 warm-up, with the ratio to plain eager. Every compiled output is checked against its eager one.
 
 Usage: python benchmarks/mi_compile.py [--model smollm2-135m] [--batch 1] [--prompt 64]
@@ -39,17 +40,22 @@ def median_seconds(call, ids: torch.Tensor, repeats: int) -> float:
     return statistics.median(times)
 
 
-def graphs_and_breaks(model, ids: torch.Tensor) -> tuple[int, int]:
+def graphs_and_breaks(model, ids: torch.Tensor) -> tuple[int, int, list[str]]:
+    """Dynamo's graph and break counts for ``model(ids)``, and its distinct break reasons."""
     dynamo.reset()
     explained = dynamo.explain(model)(ids)
-    return explained.graph_count, explained.graph_break_count
+    reasons = list(dict.fromkeys(
+        f"{reason.reason.splitlines()[0][:160]} (at {reason.user_stack[-1].filename}:"
+        f"{reason.user_stack[-1].lineno})" if reason.user_stack else reason.reason[:160]
+        for reason in explained.break_reasons))
+    return explained.graph_count, explained.graph_break_count, reasons
 
 
 def compiled_row(label: str, model, ids, expected, repeats: int, base: float, scope,
                  mode: str) -> None:
     """Explain, compile (inductor), time and check ``model`` under ``scope``; print one row."""
     with scope():
-        graphs, breaks = graphs_and_breaks(model, ids)
+        graphs, breaks, reasons = graphs_and_breaks(model, ids)
         dynamo.reset()
         compiled = torch.compile(model, mode=mode)
         out = compiled(ids).logits  # compiles
@@ -58,6 +64,8 @@ def compiled_row(label: str, model, ids, expected, repeats: int, base: float, sc
     error = (out - expected).abs().max().item()
     print(f"| {label} | {graphs} | {breaks} | {1e3 * seconds:.1f} | {base / seconds:.2f}x | "
           f"{error:.1e} |")
+    for reason in reasons[:5]:
+        print(f"#   break: {reason}")
 
 
 def main() -> None:

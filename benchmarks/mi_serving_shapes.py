@@ -11,7 +11,8 @@ Triton kernel; ``torch``: that merge in PyTorch ops; ``reference``: the history 
 beside the stock call, the path before both), median of the repeats after a
 warm-up round (``--warmups``); tokens/s and the steered / plain ratio of the whole call, and
 apart the ratio of its prefill (its first forward pass, into an empty cache) and of a decoding
-step (the median of its later forward passes), both timed inside the same call.
+step (the median of its later forward passes, and of their mean: slow outliers), all timed
+inside the same call, and the seconds the call spent outside forward passes (plain → steered).
 
 Usage: python benchmarks/mi_serving_shapes.py [--device cpu|cuda] [--models ...]
        [--batches 1 8 32] [--prompts 64 2048] [--json FILE] [--quick]
@@ -108,10 +109,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, float]:
+def timed_generate(model, ids: torch.Tensor,
+                   new_tokens: int) -> tuple[float, float, float, float, float]:
     """Seconds of a greedy ``generate()`` of ``new_tokens``, of its prefill (its first forward
-    pass, into an empty cache) and the median seconds of its decoding steps (the later forward
-    passes), each forward timed by hooks on the model that run outside every steering hook."""
+    pass, into an empty cache), the median and the mean seconds of its decoding steps (the later
+    forward passes; a mean above the median: slow outliers) and the seconds it spent outside
+    forward passes, each forward timed by hooks on the model that run outside every steering
+    hook."""
     starts, seconds = [], []
 
     def begin(module, args, kwargs):
@@ -134,7 +138,8 @@ def timed_generate(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, fl
     finally:
         for hook in hooks:
             hook.remove()
-    return total, seconds[0], statistics.median(seconds[1:])
+    return (total, seconds[0], statistics.median(seconds[1:]), statistics.fmean(seconds[1:]),
+            total - sum(seconds))
 
 
 def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
@@ -155,11 +160,13 @@ def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
     plain = median["plain"]
     row = {"batch": batch, "prompt": prompt, "new_tokens": new_tokens,
            "plain_tok_s": batch * new_tokens / plain[0],
-           "plain_prefill_s": plain[1], "plain_step_ms": 1000 * plain[2]}
+           "plain_prefill_s": plain[1], "plain_step_ms": 1000 * plain[2],
+           "plain_outside_s": plain[4]}
     for path in paths:
-        generate, prefill, step = median[path]
+        generate, prefill, step, mean_step, outside = median[path]
         row[path] = {"tok_s": batch * new_tokens / generate, "ratio": plain[0] / generate,
-                     "prefill_ratio": plain[1] / prefill, "decode_ratio": plain[2] / step}
+                     "prefill_ratio": plain[1] / prefill, "decode_ratio": plain[2] / step,
+                     "decode_mean_ratio": plain[3] / mean_step, "outside_s": outside}
     return row
 
 
@@ -190,7 +197,7 @@ def main() -> None:
           f"tokens, {dtype}, banks 2 x 24 slots at 5 layers; ratios steered / plain, "
           f"{' | '.join(paths)} path", flush=True)
     print(f"{'model':>13} {'B':>3} {'prompt':>6} {'plain tok/s':>12} {'ratio':>13} "
-          f"{'prefill':>13} {'decode':>13}")
+          f"{'prefill':>13} {'decode':>13} {'decode mean':>13} {'outside ms':>13}")
     sink = open(args.json, "w") if args.json else None  # a row at a time: a cut run keeps its rows
     try:
         for name in args.models:
@@ -206,7 +213,10 @@ def main() -> None:
                         sink.flush()
                     print(f"{name:>13} {batch:>3} {prompt:>6} {row['plain_tok_s']:>12,.1f} "
                           + " ".join("|".join(f"{row[path][k]:>5.2f}" for path in paths) + "x"
-                                     for k in ("ratio", "prefill_ratio", "decode_ratio")),
+                                     for k in ("ratio", "prefill_ratio", "decode_ratio",
+                                               "decode_mean_ratio"))
+                          + f" {1e3 * row['plain_outside_s']:.0f}→"
+                          + "|".join(f"{1e3 * row[path]['outside_s']:.0f}" for path in paths),
                           flush=True)
             del model, banks
             if device.type == "cuda":
