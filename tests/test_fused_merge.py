@@ -32,11 +32,10 @@ from tests.test_properties_cores import (  # noqa: E402
     PROPERTY,
     build_mixture,
     compute_tolerance,
-    history_attention,
+    lse_operands,
     mixture_cases,
     reference_mixture,
     rounded,
-    stack_of,
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # (else interpreted)
@@ -60,22 +59,9 @@ def test_fused_merge_equals_the_bank_level_mixture(case, strength):
     inputs = build_mixture(case)
     compute = torch.float32
     expected, _, peak = reference_mixture(rounded(inputs, compute), case)
-    history = history_attention(rounded(inputs, compute)).to(compute)
-    q, key = inputs["q_post"].to(compute).double(), inputs["key"].to(compute).double()
-    group = case["heads"] // case["kv_heads"]
-    scores = q @ key.repeat_interleave(group, 1).transpose(-1, -2) * inputs["scaling"]
-    visible = inputs["visible"]
-    if visible is not None:
-        scores = scores.masked_fill(~visible, float("-inf"))
-        log_count = visible.sum(-1).clamp(min=1).double().log().to(compute)
-    else:
-        log_count = math.log(key.shape[2])
-    slots = HeadSlots.of(stack_of(inputs, case, compute), torch.arange(case["heads"]) // group)
-    args = (*(x.to(DEVICE) for x in (history, torch.logsumexp(scores, -1).to(compute),
-                                      inputs["q_pre"].to(compute), inputs["q_post"].to(compute))),
-            on_device(slots))
-    if isinstance(log_count, torch.Tensor):
-        log_count = log_count.to(DEVICE)
+    (history, *tensors, slots), log_count = lse_operands(inputs, case, compute)
+    args = (*(x.to(DEVICE) for x in (history, *tensors)), on_device(slots))
+    log_count = log_count.to(DEVICE)
     kwargs = dict(scaling=inputs["scaling"], log_count=log_count, gamma=case["gamma"],
                   size_normalize=case["size_normalize"], strength=strength)
     fused = fused_bank_mixture_by_lse(*args, **kwargs)

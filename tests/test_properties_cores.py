@@ -372,6 +372,25 @@ def test_mixture_over_the_stock_history_output_equals_the_bank_level_mixture(cas
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
 
 
+def lse_operands(inputs: dict, case: dict, compute: torch.dtype):
+    """``bank_mixture_by_lse``'s operands for a mixture case in ``compute``: ``(history, lse,
+    q_pre, q_post, slots)`` — the history's attention output and the float64 log-sum-exp of its
+    scores, per query head (KV heads by index) — and log T_t per row."""
+    history = history_attention(rounded(inputs, compute)).to(compute)
+    q, key = inputs["q_post"].to(compute).double(), inputs["key"].to(compute).double()
+    group = case["heads"] // case["kv_heads"]
+    scores = q @ key.repeat_interleave(group, 1).transpose(-1, -2) * inputs["scaling"]
+    visible = inputs["visible"]
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+        log_count = visible.sum(-1).clamp(min=1).double().log().to(compute)
+    else:
+        log_count = torch.tensor(float(key.shape[2])).log().to(compute)
+    slots = HeadSlots.of(stack_of(inputs, case, compute), torch.arange(case["heads"]) // group)
+    return (history, torch.logsumexp(scores, -1).to(compute), inputs["q_pre"].to(compute),
+            inputs["q_post"].to(compute), slots), log_count
+
+
 @PROPERTY
 @given(case=mixture_cases(masked_rows=True), compute=st.sampled_from([torch.float32,
                                                                       torch.float64]),
@@ -385,24 +404,12 @@ def test_mixture_by_the_history_lse_equals_the_bank_level_mixture(case, compute,
     the banks only)."""
     inputs = build_mixture(case)
     expected, _, peak = reference_mixture(rounded(inputs, compute), case)
-    history = history_attention(rounded(inputs, compute))
-    q, key = inputs["q_post"].to(compute).double(), inputs["key"].to(compute).double()
-    group = case["heads"] // case["kv_heads"]
-    scores = q @ key.repeat_interleave(group, 1).transpose(-1, -2) * inputs["scaling"]
-    visible = inputs["visible"]
-    if visible is not None:
-        scores = scores.masked_fill(~visible, float("-inf"))
-        log_count = visible.sum(-1).clamp(min=1).double().log().to(compute)
-    else:
-        log_count = torch.tensor(float(key.shape[2])).log().to(compute)
-    slots = HeadSlots.of(stack_of(inputs, case, compute), torch.arange(case["heads"]) // group)
+    operands, log_count = lse_operands(inputs, case, compute)
     out = bank_mixture_by_lse(
-        history.to(compute), torch.logsumexp(scores, -1).to(compute),
-        inputs["q_pre"].to(compute), inputs["q_post"].to(compute), slots,
-        scaling=inputs["scaling"], log_count=log_count, gamma=case["gamma"],
+        *operands, scaling=inputs["scaling"], log_count=log_count, gamma=case["gamma"],
         size_normalize=case["size_normalize"], strength=strength).transpose(1, 2)
     assert out.dtype == compute and torch.isfinite(out).all()
-    want = toward(history, expected, strength)
+    want = toward(operands[0].double(), expected, strength)
     tol = compute_tolerance(compute, peak)
     torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
 
