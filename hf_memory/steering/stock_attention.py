@@ -97,15 +97,21 @@ def _kernel_for(query: torch.Tensor, mask: torch.Tensor | None):
     if query.dtype in _HALF_DTYPES:
         if mask is None:
             return _flash  # (grouped-query heads in the kernel)
-        if _cudnn_available(query):
+        head_dim = query.shape[-1]
+        if head_dim % 8 == 0 and head_dim <= 128 and _cudnn_attention_on(query.device):
             return _GROUPED_CUDNN
     return _GROUPED_EFFICIENT
 
 
-def _cudnn_available(query: torch.Tensor) -> bool:
+@torch.compiler.assume_constant_result
+def _cudnn_attention_on(device: torch.device) -> bool:
+    """Whether cuDNN's attention is built, enabled and runs on ``device`` (Hopper or newer).
+
+    A constant to ``torch.compile``: Dynamo cannot trace these backend queries (each one broke
+    the graph at every steered layer), so a compiled graph keeps the answer it was traced with
+    (``torch.backends.cuda.enable_cudnn_sdp`` toggled later is not seen by it)."""
     return (torch.backends.cudnn.is_available() and torch.backends.cuda.cudnn_sdp_enabled()
-            and torch.cuda.get_device_capability(query.device) >= (9, 0)
-            and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128)
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def _by_groups(kernel):
