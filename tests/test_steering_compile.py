@@ -106,6 +106,7 @@ def test_a_compiled_model_serves_per_row_banks_exactly(fresh_dynamo):
             with handle.applied():
                 eager = model(ids).logits
                 traced = torch.compile(model, backend="eager")(ids).logits
+                assert graphs_and_breaks(model, ids) == (1, 0)  # (its audit record untraced)
     finally:
         handle.remove()
     assert [torch.equal(eager[i], plain[i]) for i in range(3)] == [False, True, False]

@@ -396,6 +396,7 @@ class RowSteering(CallSteering):
             self._record("forward from an empty cache",
                          input_shape=None if ids is None else tuple(ids.shape))
 
+    @torch.compiler.disable  # bookkeeping outside any traced graph
     def _record(self, event: str, **extra: Any) -> None:
         record = {"time": time.time(), "event": event,
                   "rows": [None if handle is None else handle.bank_set.audit()
