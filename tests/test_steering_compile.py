@@ -19,6 +19,7 @@ from transformers import CompileConfig
 from hf_memory import steer
 from hf_memory.baselines.caa import CAAVectors, apply_caa
 from hf_memory.steering.rotary import pre_rope_query, rotate
+from hf_memory.steering.stock_attention import _cudnn_attention_on
 from tests.test_memory_inception import random_bank, token_ids
 from tests.tiny_models import FAMILIES, tiny_model
 
@@ -216,3 +217,31 @@ def test_steered_generate_with_transformers_own_compiled_static_cache(fresh_dyna
     assert torch.equal(static.sequences, dynamic.sequences)
     for compiled_step, eager_step in zip(static.scores, dynamic.scores, strict=True):
         torch.testing.assert_close(compiled_step, eager_step, rtol=0, atol=1e-12)
+
+
+@pytest.mark.compat  # the Dynamo of the oldest supported stack too
+def test_the_cuda_kernel_choice_is_a_constant_to_torch_compile(monkeypatch, fresh_dynamo):
+    """Whether cuDNN's attention runs is asked of backend functions Dynamo cannot trace (on an
+    H200 they broke a compiled steered call at every steered layer): the choice is taken as a
+    constant while tracing, so a compiled CUDA call stays one graph. Here the capability query
+    breaks the graph by construction, and CUDA is faked for the check alone."""
+    def capability(device):
+        dynamo.graph_break()
+        return (9, 0)
+
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    cuda = torch.device("cuda", 0)
+
+    def asked_directly(x):
+        return x + 1 if torch.cuda.get_device_capability(cuda) >= (9, 0) else x - 1
+
+    def asked_as_steering_does(x):
+        return x + 1 if _cudnn_attention_on(cuda) else x - 1
+
+    with pytest.raises(dynamo.exc.Unsupported):
+        torch.compile(asked_directly, fullgraph=True, backend="eager")(torch.zeros(2))
+    compiled = torch.compile(asked_as_steering_does, fullgraph=True, backend="eager")
+    expected = 1.0 if torch.backends.cuda.cudnn_sdp_enabled() else -1.0
+    assert torch.equal(compiled(torch.zeros(2)), torch.full((2,), expected))
+    assert _cudnn_attention_on(cuda) == (expected > 0)  # eager: the same answer

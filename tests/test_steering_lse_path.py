@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_memory import BankSet, MemoryBank, steer
-from hf_memory.steering.stock_attention import _aligned, _cudnn_attention_on, attention_with_lse
+from hf_memory.steering.stock_attention import _aligned, attention_with_lse
 from tests.tiny_models import DEFAULT_ATTENTION, FAMILIES, tiny_model
 
 pytestmark = pytest.mark.compat  # also run on the oldest supported transformers
@@ -193,33 +193,3 @@ def test_a_mask_is_laid_out_in_rows_of_16_for_the_cuda_kernel(width):
     broadcast = _aligned(mask[:, :1].expand(2, 3, 4, width))
     assert torch.equal(broadcast, mask[:, :1].expand(2, 3, 4, width))
 
-
-def test_the_cuda_kernel_choice_is_a_constant_to_torch_compile(monkeypatch):
-    """Whether cuDNN's attention runs is asked of backend functions Dynamo cannot trace (on an
-    H200 they broke a compiled steered call at every steered layer): the choice is taken as a
-    constant while tracing, so a compiled CUDA call stays one graph. Here the capability query
-    breaks the graph by construction, and CUDA is faked for the check alone."""
-    def capability(device):
-        torch._dynamo.graph_break()
-        return (9, 0)
-
-    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
-    cuda = torch.device("cuda", 0)
-
-    def asked_directly(x):
-        return x + 1 if torch.cuda.get_device_capability(cuda) >= (9, 0) else x - 1
-
-    def asked_as_steering_does(x):
-        return x + 1 if _cudnn_attention_on(cuda) else x - 1
-
-    torch._dynamo.reset()
-    try:
-        with pytest.raises(torch._dynamo.exc.Unsupported):
-            torch.compile(asked_directly, fullgraph=True, backend="eager")(torch.zeros(2))
-        compiled = torch.compile(asked_as_steering_does, fullgraph=True, backend="eager")
-        expected = 1.0 if torch.backends.cuda.cudnn_sdp_enabled() else -1.0
-        assert torch.equal(compiled(torch.zeros(2)), torch.full((2,), expected))
-        assert _cudnn_attention_on(cuda) == (expected > 0)  # eager: the same answer
-    finally:
-        torch._dynamo.reset()
