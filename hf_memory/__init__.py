@@ -33,6 +33,7 @@ _EXPORTS = {  # the module (by folder: see README.md beside this file) -> the na
     "banks.bank": ["DEFAULT_TEMPLATES", "MemoryBank"],
     "banks.bank_set": ["BankSet", "BankSetFormatError"],
     "metrics.kv_accounting": ["KVFootprint", "kv_footprint"],
+    "metrics.reply_judge": ["JudgeTooWeakError", "ReplyJudge", "judge_methods"],
     "metrics.text_quality": ["distinct_n", "lexicon_rate", "repeated_ngram_fraction", "repetition"],
     "steering.handle": ["RowSteering", "SteeringHandle", "steer", "steered_generate"],
     "steering.controller": ["BankController", "Switch"],
