@@ -341,3 +341,50 @@ def test_a_neutral_sample_is_the_first_shipped_texts_and_its_size_is_checked():
     for bad in (1.0, -0.1, "0.3"):
         with pytest.raises(ValueError, match="validation must be a fraction"):
             TraitSteeringConfig(validation=bad)
+
+
+def test_the_kv_ceiling_bounds_every_scored_configuration():
+    """Bank bytes count every bank's slots at each steered KV head; the search scores nothing
+    over the ceiling and reaches a layer whose whole bank would not fit through its first
+    units."""
+    cost = TableCost({layer: 0.01 for layer in range(3)})
+    table = {0: [3.0, 1.0], 1: [2.0, 2.0], 2: [1.0, 1.0]}
+    objective = TableObjective(table, {layer: [0.0, 0.0] for layer in range(3)}, cost)
+    pair = BankSet([random_bank("t", "target", 4, seed=1), random_bank("r", "reference", 4,
+                                                                        seed=2)])
+    head = 2 * 4 * pair.banks[0].head_dim * 8 * 2  # two banks, 4 slots, float64 keys + values
+    search = BudgetSearch(objective, pair, 0.1, "kv_group", 2, control=pair, strengths=[1.0],
+                          kv_ceiling=3 * head)
+    assert search.kv_bytes({0: (0, 1), 2: (1,)}) == 3 * head
+    assert search.fitting(0) == (0, 1) and search.fitting(1, {0: (0, 1)}) == (0,)
+    assert search.fitting(1, {0: (0, 1), 2: (0,)}) == ()
+    with pytest.raises(ValueError, match="over the KV ceiling"):
+        search.score({0: (0, 1), 1: (0, 1)})
+    best = search.run(range(3), top_layers=3, unit_search=False, progress=False)
+    assert all(search.kv_bytes(dict(h.units)) <= 3 * head for h in search.history)
+    assert dict(best.units) == {0: (0, 1), 1: (0,)}
+    lifted = BudgetSearch(objective, pair, 0.1, "kv_group", 2, control=pair, strengths=[1.0])
+    assert dict(lifted.run(range(3), top_layers=3, unit_search=False,
+                           progress=False).units) == {0: (0, 1), 1: (0, 1), 2: (0, 1)}
+    with pytest.raises(ValueError, match="no candidate layer fits the KV ceiling"):
+        BudgetSearch(objective, pair, 0.1, "kv_group", 2, control=pair, strengths=[1.0],
+                     kv_ceiling=head - 1).run(range(3), top_layers=1, progress=False)
+    with pytest.raises(ValueError, match="kv_ceiling must be a number of bytes"):
+        BudgetSearch(objective, pair, 0.1, "kv_group", 2, kv_ceiling=0.25)
+
+
+def test_a_capability_ceiling_narrows_the_dial_as_the_budget_does():
+    cost = TableCost({0: 0.01})
+    objective = TableObjective({0: [1.0, 1.0]}, {0: [0.0, 0.0]}, cost)
+    capability = TableCost({0: 1.0})  # strength² nats per answer at layer 0, both units
+    search = BudgetSearch(objective, banks(), 0.1, "kv_group", 2, control=banks(seed=3),
+                          strengths=[0.25, 0.5, 1.0], capability=capability,
+                          capability_ceiling=0.3)
+    assert search.settings[search.strongest({0: (0, 1)})] == (0.5, 1.0)
+    scored = search.score({0: (0, 1)})
+    assert scored.strength == 0.5 and scored.capability == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="give both or neither"):
+        BudgetSearch(objective, banks(), 0.1, "kv_group", 2, capability=capability)
+    with pytest.raises(ValueError, match="capability_ceiling must be a finite number"):
+        BudgetSearch(objective, banks(), 0.1, "kv_group", 2, capability=capability,
+                     capability_ceiling=float("nan"))

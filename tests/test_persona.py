@@ -192,7 +192,7 @@ def test_calibrate_persona_keeps_the_recipe_that_holds_and_round_trips(chat_tiny
                               recipes=("prompt_like", "exemplars"), top_layers=1,
                               unit_search=False, cost=NeutralCost(model, tokenizer,
                                                                   passages=PASSAGES),
-                              progress=False)
+                              kv_ceiling=None, capability_ceiling=None, progress=False)
     trials = {t["recipe"]: t for t in found.trials}
     assert set(trials) == {"prompt_like", "exemplars"}
     assert trials["exemplars"]["exemplars"] == 3 and trials["prompt_like"]["exemplars"] == 0
@@ -236,7 +236,7 @@ def test_calibrate_persona_contrast_recipe_uses_the_held_back_pairs_and_round_tr
     found = calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=("contrast",),
                               top_layers=1, unit_search=False,
                               cost=NeutralCost(model, tokenizer, passages=PASSAGES),
-                              progress=False)
+                              kv_ceiling=None, capability_ceiling=None, progress=False)
     _, examples = split_pairs(PAIRS, 3)
     target, reference = found.banks.banks
     assert found.recipe == "contrast" and found.banks.contrast
@@ -273,7 +273,9 @@ def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypat
     model, tokenizer = chat_tiny
     spec = shipped.persona_spec("pirate")
     assert len(spec["pairs"]) >= 20 and spec["lexicon"]
-    found = shipped.build_persona(model, tokenizer, "pirate", out=tmp_path, progress=False)
+    # a 3-layer model's prompt holds too little KV for a quarter of it to hold a contrast bank
+    found = shipped.build_persona(model, tokenizer, "pirate", out=tmp_path, progress=False,
+                                  kv_ceiling=None)
     written = json.loads((tmp_path / "persona.json").read_text())
     assert written["recipe"] == found.recipe and written["text"] == spec["text"]
     assert set(written["caa"]) == {"layer", "scale"} and "pairs" not in written
@@ -330,3 +332,72 @@ def test_a_selector_folder_without_its_diagnostics_is_named(chat_tiny, tmp_path)
     (folder / "diagnostics.safetensors").unlink()
     with pytest.raises(SelectorFormatError, match="lacks diagnostics.safetensors"):
         Selector.from_pretrained(folder)
+
+
+def test_the_kv_ceiling_holds_every_trial_and_none_lifts_it(chat_tiny):
+    """Every recipe's sites carry at most the ceiling's share of the text's KV as a prompt;
+    the exemplar count shrinks to fit; a recipe that cannot fit at all is skipped by name."""
+    model, tokenizer = chat_tiny
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    kwargs = dict(top_layers=2, unit_search=False, cost=cost, capability_ceiling=None,
+                  progress=False, recipes=("prompt_like", "exemplars"))
+    capped = calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=1.0, **kwargs)
+    prompt = capped.limits["prompt_kv_bytes"]
+    assert capped.limits["kv_ceiling"] == int(prompt)
+    tokens = len(tokenizer(TEXT, add_special_tokens=False).input_ids)
+    config = model.config
+    assert prompt == (tokens * config.num_hidden_layers * config.num_key_value_heads
+                      * (config.hidden_size // config.num_attention_heads) * 2 * 4)
+    for trial in capped.trials:
+        if "skipped" in trial:
+            assert "over the KV ceiling" in trial["skipped"]
+            continue
+        assert trial["kv_bytes"] <= capped.limits["kv_ceiling"]
+        assert trial["kv_fraction"] == pytest.approx(trial["kv_bytes"] / prompt)
+    assert capped.selector.config["kv_bytes"] <= capped.limits["kv_ceiling"]
+    lifted = calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=None, **kwargs)
+    assert lifted.limits["kv_ceiling"] is None
+    assert max(t["kv_bytes"] for t in lifted.trials) > capped.limits["kv_ceiling"]
+    with pytest.raises(ValueError, match="no recipe fits the KV ceiling.*raise kv_ceiling"):
+        calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=0.01, **kwargs)
+
+
+def test_the_capability_ceiling_is_the_prompts_own_cost_and_binds(chat_tiny):
+    """``"prompt"``: the visible prompt's own cost on the factual answers plus the slack; a
+    ceiling no setting can meet leaves the plain model (strength 0), a loose one changes
+    nothing against no ceiling."""
+    from hf_memory.metrics.factual import AnswerCost
+    from hf_memory.recipes.persona import CAPABILITY_SLACK
+
+    model, tokenizer = chat_tiny
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    kwargs = dict(top_layers=1, unit_search=False, cost=cost, kv_ceiling=None,
+                  progress=False, recipes=("prompt_like",))
+    found = calibrate_persona(model, tokenizer, TEXT, PAIRS, **kwargs)
+    prompt_cost = AnswerCost(model, tokenizer).measure(PromptMethod(TEXT, tokenizer=tokenizer))
+    assert found.limits["prompt_capability"] == pytest.approx(prompt_cost, abs=1e-9)
+    assert found.limits["capability_ceiling"] == pytest.approx(
+        max(prompt_cost, 0.0) + CAPABILITY_SLACK, abs=1e-9)
+    assert found.trials[0]["capability"] <= found.limits["capability_ceiling"] or (
+        found.selector.strength == 0)
+    impossible = calibrate_persona(model, tokenizer, TEXT, PAIRS, capability_ceiling=-1e9,
+                                   **kwargs)
+    assert impossible.selector.strength == 0 and not impossible.selector.config["within_budget"]
+    loose = calibrate_persona(model, tokenizer, TEXT, PAIRS, capability_ceiling=1e9, **kwargs)
+    free = calibrate_persona(model, tokenizer, TEXT, PAIRS, capability_ceiling=None, **kwargs)
+    assert loose.selector.layers == free.selector.layers
+    assert loose.selector.strength == free.selector.strength
+
+
+def test_ceilings_of_the_wrong_type_are_one_clear_error_each(chat_tiny):
+    model, tokenizer = chat_tiny
+    for bad in ("a quarter", True, float("nan"), [0.25]):
+        with pytest.raises(ValueError, match="kv_ceiling must be a finite number"):
+            calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=bad)
+    with pytest.raises(ValueError, match="kv_ceiling is a fraction of the prompt's KV above 0"):
+        calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=0)
+    for bad in ("high", [1.0]):
+        with pytest.raises(ValueError, match="capability_ceiling must be 'prompt'"):
+            calibrate_persona(model, tokenizer, TEXT, PAIRS, capability_ceiling=bad)
+    with pytest.raises(ValueError, match="capability_ceiling must be a finite number"):
+        calibrate_persona(model, tokenizer, TEXT, PAIRS, capability_ceiling=float("inf"))

@@ -22,20 +22,37 @@ Three recipes turn a persona text into banks (:data:`RECIPES`):
 cost
 budget, net of a neutral control built by the same recipe, sites that do not hold on a
 validation split dropped) and keeps the recipe whose validation movement is largest.
+
+Two ceilings keep the economy the paper sells (both on by default, both lifted by ``None``):
+
+- **KV**: the banks at the chosen sites carry at most ``kv_ceiling`` (¼ by default) of the KV
+  memory the same text takes as a visible prompt (its tokens at every layer). The recipes with
+  exemplars take as many as let three KV heads of their banks fit (a guess: fewer sites than
+  three rarely move anything, BENCHMARKS.md), and the search only scores sites within it.
+- **capability**: a dial setting is within budget only when the factual answers of
+  :mod:`~hf_memory.metrics.factual` (the ``search`` half) lose no more than the visible prompt of
+  the same text costs them, plus :data:`CAPABILITY_SLACK` nats per answer (a guess: the
+  prompt's own cost is often nil or a gain, and a ceiling at exactly zero leaves no room for
+  any steering at all).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from hf_memory.artifacts.atomic_files import write_json
 from hf_memory.banks.bank import MemoryBank
 from hf_memory.banks.bank_set import BankSet
+from hf_memory.metrics.factual import AnswerCost
+from hf_memory.metrics.kv_accounting import prompt_kv_bytes
 from hf_memory.metrics.likelihood import check_pairs
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES, check_recipes
@@ -43,10 +60,14 @@ from hf_memory.selection.behavioural_calibration import split_pairs
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
 from hf_memory.selection.selector import Selector
 
-__all__ = ["CAA_LAYERS", "CAA_SCALES", "DEFAULT_RECIPES", "RECIPES", "PersonaSteering",
-           "calibrate_caa", "calibrate_persona", "exemplar_text", "persona_banks"]
+__all__ = ["CAA_LAYERS", "CAA_SCALES", "CAPABILITY_SLACK", "DEFAULT_KV_CEILING",
+           "DEFAULT_RECIPES", "RECIPES", "PersonaSteering", "calibrate_caa",
+           "calibrate_persona", "exemplar_text", "persona_banks"]
 
 MAX_EXEMPLARS = 8
+DEFAULT_KV_CEILING = 0.25  # of the persona text's KV memory as a visible prompt
+CAPABILITY_SLACK = 0.1  # nats per factual answer above the visible prompt's own cost
+MIN_KV_HEADS = 3  # the exemplar count leaves room for this many KV heads of the banks
 REPORT_NAME = "persona.json"
 CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14, 18 of 30
 CAA_SCALES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -96,6 +117,7 @@ class PersonaSteering:
     selector: Selector
     recipe: str
     trials: list[dict[str, Any]] = field(default_factory=list)
+    limits: dict[str, Any] = field(default_factory=dict)
 
     def method(self, strength: float = 1.0):
         """A :class:`~hf_memory.baselines.methods.MemoryMethod` steering with it."""
@@ -109,7 +131,8 @@ class PersonaSteering:
         directory = Path(directory)
         self.banks.save_pretrained(directory)
         self.selector.save_pretrained(directory / "selector")
-        write_json(directory / REPORT_NAME, {"recipe": self.recipe, "trials": self.trials})
+        write_json(directory / REPORT_NAME, {"recipe": self.recipe, "trials": self.trials,
+                                             "limits": self.limits})
         return directory
 
     @classmethod
@@ -118,27 +141,97 @@ class PersonaSteering:
         report = json.loads((directory / REPORT_NAME).read_text())
         return cls(BankSet.from_pretrained(directory, model=model),
                    Selector.from_pretrained(directory / "selector", model=model),
-                   report["recipe"], report["trials"])
+                   report["recipe"], report["trials"], report.get("limits", {}))
 
 
-def _trial(recipe: str, selector: Selector, exemplars: int) -> dict[str, Any]:
+def _trial(recipe: str, selector: Selector, exemplars: int, prompt_bytes: int
+           ) -> dict[str, Any]:
     config = selector.config
     best = config["best"]
     check = config.get("validation") or {}
     return {"recipe": recipe, "layers": selector.layers,
             "units": {str(k): v for k, v in selector.units.items()},
             "strength": selector.strength, "gain": best.get("gain"),
-            "cost": best.get("cost"), "calibration_target": best["target"],
+            "cost": best.get("cost"), "capability": best.get("capability"),
+            "kv_bytes": config["kv_bytes"], "kv_fraction": config["kv_bytes"] / prompt_bytes,
+            "calibration_target": best["target"],
             "validation_target": check.get("kept_validation_target"),
             "validation": check or None, "exemplars": exemplars,
             "search_pairs": config["search_pairs"], "validation_pairs": check.get("pairs", 0)}
 
 
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _limits(model, tokenizer, text: str, kv_ceiling: Any, capability_ceiling: Any,
+            batch_size: int) -> dict[str, Any]:
+    """The call's ceilings in the search's units (see the module docstring)."""
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    limits: dict[str, Any] = {"prompt_kv_bytes": prompt_kv_bytes(model, ids),
+                              "kv_fraction": None, "kv_ceiling": None, "capability": None,
+                              "capability_ceiling": None, "prompt_capability": None}
+    if kv_ceiling is not None:
+        fraction = _number("kv_ceiling", kv_ceiling)
+        if fraction <= 0:
+            raise ValueError(f"kv_ceiling is a fraction of the prompt's KV above 0 (or None), "
+                             f"got {kv_ceiling!r}")
+        limits.update(kv_fraction=fraction,
+                      kv_ceiling=int(fraction * limits["prompt_kv_bytes"]))
+    if capability_ceiling is not None:
+        if capability_ceiling != "prompt":
+            _number("capability_ceiling", capability_ceiling)
+        from hf_memory.baselines.methods import PromptMethod
+
+        cost = AnswerCost(model, tokenizer, batch_size=batch_size)
+        prompt_cost = cost.measure(PromptMethod(text, tokenizer=tokenizer))
+        ceiling = (max(prompt_cost, 0.0) + CAPABILITY_SLACK if capability_ceiling == "prompt"
+                   else float(capability_ceiling))
+        limits.update(capability=cost, capability_ceiling=ceiling,
+                      prompt_capability=prompt_cost)
+    return limits
+
+
+def _expected_trials(model, recipes: Sequence[str], top_layers: int,
+                     search: dict[str, Any]) -> int:
+    """The configurations a call scores at most (the progress bar's total; its ETA): per
+    recipe the screened layers, the additions, the units removed one at a time, the validation
+    split's drops and the every-layer trial."""
+    config = model.config
+    layers = config.num_hidden_layers
+    candidates = search.get("candidate_layers") or range(layers)
+    screened = len(sorted(set(candidates))[::search.get("layer_stride", 3)])
+    kept = min(top_layers, screened)
+    grouped = config.num_key_value_heads < config.num_attention_heads
+    units = config.num_key_value_heads if grouped else config.num_attention_heads
+    per_recipe = screened + kept - 1 + kept * units + kept + 2
+    return len(dict.fromkeys(recipes)) * per_recipe
+
+
+def _exemplar_count(model, tokenizer, text: str, recipe: str, pairs, count: int,
+                    kv_ceiling: int | None):
+    """``(scored pairs, exemplar pairs, banks)`` with the most exemplars (up to ``count``)
+    whose banks leave room for :data:`MIN_KV_HEADS` KV heads under ``kv_ceiling``."""
+    while True:
+        scored, examples = split_pairs(pairs, count)
+        banks = persona_banks(model, tokenizer, text, recipe=recipe,
+                              exemplars=[t for _, t, _ in examples],
+                              counter_exemplars=[r for _, _, r in examples])
+        per_head = sum(bank.nbytes([bank.layers[0]]) // bank.num_kv_heads for bank in banks)
+        if kv_ceiling is None or count == 1 or MIN_KV_HEADS * per_head <= kv_ceiling:
+            return scored, examples, banks
+        count -= 1
+
+
 def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, str, str]], *,
                       recipes: Sequence[str] = DEFAULT_RECIPES,
                       cost_budget: float = DEFAULT_COST_BUDGET, top_layers: int = 6,
-                      max_exemplars: int = MAX_EXEMPLARS, progress: bool = True,
-                      **search: Any) -> PersonaSteering:
+                      max_exemplars: int = MAX_EXEMPLARS,
+                      kv_ceiling: float | None = DEFAULT_KV_CEILING,
+                      capability_ceiling: float | str | None = "prompt",
+                      progress: bool = True, **search: Any) -> PersonaSteering:
     """Banks and a frozen selector for the persona ``text``, calibrated on ``pairs``
     (``(prompt, reply in the persona, reply without it)``, ~20 or more).
 
@@ -150,6 +243,11 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     pairs' target and reference replies for its two banks. The recipe kept is the one whose
     sites move the validation pairs furthest (net of the neutral control; the calibration
     movement where no validation split was possible).
+
+    ``kv_ceiling``: the most KV memory the banks at the chosen sites may carry, as a fraction of
+    ``text``'s KV as a visible prompt (None: no ceiling). ``capability_ceiling``: nats per
+    factual answer a setting may cost (``"prompt"``: the visible prompt's own cost plus
+    :data:`CAPABILITY_SLACK`; None: not charged). See the module docstring.
     """
     check_pairs(pairs)
     pairs = list(pairs)
@@ -158,35 +256,64 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
         raise ValueError("calibrate_persona always runs within a cost budget; for the "
                          "unbudgeted search call Selector.calibrate_behavioural(..., "
                          "cost_budget=None)")
+    if capability_ceiling is not None and not isinstance(capability_ceiling, int | float) \
+            and capability_ceiling != "prompt":
+        raise ValueError("capability_ceiling must be 'prompt', a number of nats per answer or "
+                         f"None, got {capability_ceiling!r}")
+    bar = tqdm(total=_expected_trials(model, recipes, top_layers, search),
+               desc="persona calibration", unit="site", disable=not progress)
+    bar.set_postfix_str("plain passes", refresh=False)
+    limits = _limits(model, tokenizer, text, kv_ceiling, capability_ceiling,
+                     search.get("batch_size", 16))
     if search.get("cost") is None:  # one neutral text for every recipe (its plain pass once)
         search["cost"] = NeutralCost(model, tokenizer, batch_size=search.get("batch_size", 16))
-    found = []
+    found, skipped = [], []
     for recipe in dict.fromkeys(recipes):
-        exemplars, counter, scored = [], [], pairs
+        bar.set_description(f"persona calibration: {recipe}", refresh=False)
+        examples: list = []
+        scored = pairs
         if RECIPES[recipe]["exemplars"]:
             count = min(max_exemplars, len(pairs) // 3)
             if count < 1:
                 raise ValueError(f"the {recipe} recipe needs at least 3 pairs, got {len(pairs)}")
-            scored, examples = split_pairs(pairs, count)
-            exemplars = [target for _, target, _ in examples]
-            counter = [reference for _, _, reference in examples]
-        banks = persona_banks(model, tokenizer, text, recipe=recipe, exemplars=exemplars,
-                              counter_exemplars=counter)
+            scored, examples, banks = _exemplar_count(model, tokenizer, text, recipe, pairs,
+                                                      count, limits["kv_ceiling"])
+        else:
+            banks = persona_banks(model, tokenizer, text, recipe=recipe)
+        exemplars = [target for _, target, _ in examples]
+        per_head = sum(bank.nbytes([bank.layers[0]]) // bank.num_kv_heads for bank in banks)
+        if limits["kv_ceiling"] is not None and per_head > limits["kv_ceiling"]:
+            skipped.append({"recipe": recipe, "skipped": f"one KV head of its banks at one "
+                            f"layer is {per_head} bytes, over the KV ceiling of "
+                            f"{limits['kv_ceiling']}"})
+            continue
         selector = Selector.calibrate_behavioural(
             model, tokenizer, banks, scored, cost_budget=cost_budget, top_layers=top_layers,
-            progress=progress, **search)
+            progress=bar if progress else False, kv_ceiling=limits["kv_ceiling"],
+            capability=limits["capability"], capability_ceiling=limits["capability_ceiling"],
+            **search)
         selector.config["bank_recipe"] = {"recipe": recipe, "text": text,
                                           "exemplars": exemplars}
         if banks.contrast:
-            selector.config["bank_recipe"]["counter_exemplars"] = counter
-        found.append((banks, selector, _trial(recipe, selector, len(exemplars))))
+            selector.config["bank_recipe"]["counter_exemplars"] = [r for _, _, r in examples]
+        found.append((banks, selector,
+                      _trial(recipe, selector, len(exemplars), limits["prompt_kv_bytes"])))
 
     def held_out(trial: dict[str, Any]) -> float:
         value = trial["validation_target"]
         return trial["calibration_target"] if value is None else value
 
+    bar.total = bar.n  # the search stops early where adding sites stops paying
+    bar.close()
+    if not found:
+        raise ValueError("no recipe fits the KV ceiling: " + "; ".join(
+            f"{t['recipe']}: {t['skipped']}" for t in skipped) + " (the persona text as a "
+            f"prompt holds {limits['prompt_kv_bytes']} bytes of KV; raise kv_ceiling, or "
+            "None for no ceiling)")
     banks, selector, chosen = max(found, key=lambda item: held_out(item[2]))
-    return PersonaSteering(banks, selector, chosen["recipe"], [t for _, _, t in found])
+    record = {k: v for k, v in limits.items() if k != "capability"}
+    return PersonaSteering(banks, selector, chosen["recipe"],
+                           [t for _, _, t in found] + skipped, record)
 
 
 def calibrate_caa(model, tokenizer, pairs: Sequence[tuple[str, str, str]], *,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from hf_memory.data import as_path, resource
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
@@ -110,7 +111,7 @@ def shipped_persona(model, tokenizer, name: str = DEMO_PERSONA):
 
 def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
                   recipes: Sequence[str] | None = None, cost_budget: float | str | None = None,
-                  progress: bool = True):
+                  progress: bool = True, **limits: Any):
     """Calibrate a shipped persona on its pairs within a cost budget: memory by
     :func:`~hf_memory.recipes.persona.calibrate_persona`, CAA by :func:`~hf_memory.recipes.persona.
     calibrate_caa`; writes the selector and the choices into ``out`` (default: the package's
@@ -118,7 +119,8 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
     neutral text, or ``"prompt"``: the visible prompt's own cost on the same text (what memory
     and CAA are then compared at); both default to the persona's own rule in ``persona.json``
     (``recipes``, ``cost_budget``), else calibrate_persona's recipes and the default budget.
-    Returns the :class:`~hf_memory.recipes.persona.PersonaSteering`."""
+    ``**limits``: ``kv_ceiling`` / ``capability_ceiling`` for calibrate_persona (default: its
+    own). Returns the :class:`~hf_memory.recipes.persona.PersonaSteering`."""
     from pathlib import Path
 
     from hf_memory.artifacts.atomic_files import write_json
@@ -138,7 +140,7 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
     budget = (cost.measure(PromptMethod(spec["text"], tokenizer=tokenizer)) if rule == "prompt"
               else float(rule))
     found = calibrate_persona(model, tokenizer, spec["text"], pairs, cost=cost,
-                              cost_budget=budget, progress=progress,
+                              cost_budget=budget, progress=progress, **limits,
                               **({} if recipes is None else {"recipes": recipes}))
     _, caa = calibrate_caa(model, tokenizer, pairs, cost=cost, cost_budget=budget)
     every_layer = every_layer_dial(found.banks, cost, budget)
@@ -149,7 +151,8 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
         spec.update(recipe=found.recipe, exemplars=recipe["exemplars"],
                     counter_exemplars=recipe.get("counter_exemplars", []),
                     cost_budget=rule, budget=budget, every_layer=every_layer,
-                    caa={"layer": caa["layer"], "scale": caa["scale"]}, trials=found.trials)
+                    caa={"layer": caa["layer"], "scale": caa["scale"]}, trials=found.trials,
+                    limits=found.limits)
         if recipes is not None:
             spec["recipes"] = list(recipes)
         write_json(out / "persona.json", spec)

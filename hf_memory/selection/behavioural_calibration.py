@@ -73,6 +73,9 @@ def calibrate_by_behaviour(
     unit_search: bool = True,
     layer_stride: int = 3,
     validation: float = VALIDATION_FRACTION,
+    kv_ceiling: int | None = None,
+    capability: Any = None,
+    capability_ceiling: float | None = None,
 ) -> dict[str, Any]:
     """Select sites by the movement they cause within a cost budget (the default); returns the
     :class:`~hf_memory.selection.selector.Selector` fields. The most
@@ -130,6 +133,14 @@ def calibrate_by_behaviour(
             query heads) while the score improves (budgeted search).
         layer_stride: the budgeted search scores every k-th candidate layer alone (default
             3: a third of the calibration time of scoring each; 1 scores every layer).
+        progress: show a progress bar (budgeted search: or a tqdm bar of a longer job, which
+            every scored configuration advances).
+        kv_ceiling: bytes of bank keys and values the selected sites may carry (budgeted
+            search; None: no ceiling): configurations over it are never scored.
+        capability, capability_ceiling: a cost on answers the steering should not touch
+            (:class:`~hf_memory.metrics.factual.AnswerCost`) and the nats per answer it may
+            reach (budgeted search; both or neither): a dial setting is within budget only
+            when it is within both ceilings.
     """
     config = model.config
     get_adapter(model)
@@ -156,6 +167,9 @@ def calibrate_by_behaviour(
                                drift_weight=drift_weight,
                                uncertainty_weight=uncertainty_weight, batch_size=batch_size,
                                cost=cost, cost_weight=cost_weight)
+    if cost_budget is None and (kv_ceiling is not None or capability is not None):
+        raise ValueError("kv_ceiling and capability apply to the budgeted search: give a "
+                         "cost_budget")
     if cost_budget is not None:
         if isinstance(control_banks, str):
             if control_banks != "recipe":
@@ -167,7 +181,9 @@ def calibrate_by_behaviour(
                              control_banks=control_banks, strengths=strengths,
                              dial_gains=dial_gains, unit_search=unit_search,
                              top_layers=top_layers, layer_stride=layer_stride,
-                             check_pairs=check_pairs, progress=progress)
+                             check_pairs=check_pairs, progress=progress,
+                             limits={"kv_ceiling": kv_ceiling, "capability": capability,
+                                     "capability_ceiling": capability_ceiling})
     budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
               else max_evaluations)
     best, history = search_sites(objective, banks, candidates, top_layers=top_layers,
@@ -193,25 +209,28 @@ def calibrate_by_behaviour(
 
 def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates, *,
               cost_budget, control_banks, strengths, dial_gains, unit_search, top_layers,
-              layer_stride, check_pairs, progress) -> dict[str, Any]:
+              layer_stride, check_pairs, progress, limits) -> dict[str, Any]:
     """:func:`calibrate_by_behaviour` under a cost budget (``objective`` over the search
-    pairs; ``check_pairs``: the validation split, possibly empty)."""
+    pairs; ``check_pairs``: the validation split, possibly empty; ``limits``: the KV and
+    capability ceilings of :class:`BudgetSearch`)."""
     config = model.config
     if control_banks is not None:
         control_banks.check_model(model)
     grouped = config.num_key_value_heads < config.num_attention_heads
     unit_type = "kv_group" if grouped else "head"
     concatenated = not banks.size_normalize
+    bar = progress if hasattr(progress, "update") else None
     search = BudgetSearch(
         objective, banks, cost_budget, unit_type,
         config.num_key_value_heads if grouped else config.num_attention_heads,
         control=control_banks, strengths=strengths or DEFAULT_STRENGTHS,
         base_gain=0.0 if concatenated else 1.0,
         gains=(PROMPT_LIKE_GAINS if concatenated else ()) if dial_gains is None
-        else dial_gains)
+        else dial_gains, progress_bar=bar, **limits)
     screened = sorted(candidates)[::layer_stride]
     best = search.run(candidates, top_layers=min(top_layers, len(screened)),
-                      unit_search=unit_search, layer_stride=layer_stride, progress=progress)
+                      unit_search=unit_search, layer_stride=layer_stride,
+                      progress=bool(progress))
     singles = {h.layers[0]: h for h in search.history[:len(screened)]}
     checked, prompt_trial = None, None
     check = (ShiftObjective(model, tokenizer, check_pairs,
@@ -244,6 +263,9 @@ def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates
                 "uncertainty_weight": objective.uncertainty_weight,
                 "control": control_banks.audit() if control_banks is not None else None,
                 "within_budget": best.strength > 0,
+                "kv_ceiling": search.kv_ceiling,
+                "kv_bytes": search.kv_bytes(dict(best.units or ())),
+                "capability_ceiling": search.capability_ceiling,
                 "evaluations": objective.evaluations, "cost_probes": search.cost_probes,
                 "steered_heads": sum(len(u) for u in units.values()) * heads_per_unit,
                 "num_pairs": len(pairs), "search_pairs": len(objective.pairs),

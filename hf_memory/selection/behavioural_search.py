@@ -49,8 +49,9 @@ __all__ = ["DEFAULT_COST_BUDGET", "ShiftObjective", "SiteScore", "best_strength"
 class SiteScore:
     """One scored configuration: layers, gain ρ, target movement, drift, score, and the
     standard error of the target movement; a cost-budgeted search adds the strength dial, the
-    steered units, the cost (ΔNLL per token of neutral text) and the neutral bank's movement at
-    the same sites (``presence``; ``target`` is then net of it)."""
+    steered units, the cost (ΔNLL per token of neutral text), the neutral bank's movement at
+    the same sites (``presence``; ``target`` is then net of it) and, under a capability
+    ceiling, the cost on factual answers (``capability``, nats per answer)."""
 
     layers: tuple[int, ...]
     gain: float
@@ -62,13 +63,14 @@ class SiteScore:
     cost: float | None = None
     presence: float | None = None
     units: tuple[tuple[int, tuple[int, ...]], ...] | None = None
+    capability: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         record = {"layers": list(self.layers), "gain": self.gain, "target": self.target,
                   "target_se": self.target_se, "drift": self.drift, "score": self.score}
         if self.strength != 1.0 or self.cost is not None:
             record["strength"] = self.strength
-        for name in ("cost", "presence"):
+        for name in ("cost", "presence", "capability"):
             if getattr(self, name) is not None:
                 record[name] = getattr(self, name)
         if self.units is not None:

@@ -27,6 +27,17 @@ when the score improves:
 2. greedy addition of the next best layers of stage 1 (``top_layers`` trials at most);
 3. greedy removal of units (KV groups of grouped-query models, else query heads) one at a time.
 
+Two more ceilings, each optional, make a configuration unfit whatever it moves:
+
+- ``kv_ceiling``: bytes of bank keys and values a configuration may carry (every bank's slots at
+  the steered KV heads of every steered layer; :meth:`BudgetSearch.kv_bytes`). The search only
+  scores configurations within it: stages 1 and 2 take, at a layer whose whole bank would go
+  over it, the most KV groups (or heads) that fit, in order, so the search still reaches the
+  layer.
+- ``capability`` with ``capability_ceiling``: nats per answer the steering may cost on held-out
+  factual answers (:class:`~hf_memory.metrics.factual.AnswerCost`); a dial setting is
+  within budget only when it is within both the neutral-text budget and this ceiling.
+
 Banks in concatenated attention (``prompt_like``) at every layer are the visible prompt, which
 the greedy stages (at most ``top_layers`` layers) cannot reach; :meth:`BudgetSearch.every_layer`
 scores it as one more candidate, less the layers where a bank alone breaks the budget (on the
@@ -36,8 +47,10 @@ it would not see a visible prompt, and loses its massive activation).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -67,7 +80,8 @@ Units = dict[int, tuple[int, ...]]
 class BudgetSearch:
     """One search (module docstring) of ``banks`` against ``objective`` (which must carry a
     cost); ``control``: the neutral bank set whose movement at the same sites is subtracted
-    (None: raw movement)."""
+    (None: raw movement); ``progress_bar``: a tqdm bar of a longer job that every scored
+    configuration advances (None: :meth:`run` shows its own)."""
 
     objective: ShiftObjective
     banks: BankSet
@@ -78,6 +92,10 @@ class BudgetSearch:
     strengths: Sequence[float] = DEFAULT_STRENGTHS
     base_gain: float = 1.0
     gains: Sequence[float] = ()
+    kv_ceiling: int | None = None
+    capability: Any = None
+    capability_ceiling: float | None = None
+    progress_bar: Any = None
     history: list[SiteScore] = field(default_factory=list)
     cost_probes: int = 0
 
@@ -95,7 +113,49 @@ class BudgetSearch:
         self.settings = ([(s, float(self.base_gain)) for s in grid]
                          + [(1.0, float(g)) for g in sorted(set(self.gains))
                             if g > self.base_gain])
+        if self.kv_ceiling is not None and (isinstance(self.kv_ceiling, bool) or not isinstance(
+                self.kv_ceiling, int) or self.kv_ceiling < 0):
+            raise ValueError(f"kv_ceiling must be a number of bytes (an int >= 0) or None, got "
+                             f"{self.kv_ceiling!r}")
+        if (self.capability is None) != (self.capability_ceiling is None):
+            raise ValueError("capability and capability_ceiling go together: give both or "
+                             "neither")
+        if self.capability_ceiling is not None and not (
+                isinstance(self.capability_ceiling, int | float)
+                and not isinstance(self.capability_ceiling, bool)
+                and math.isfinite(self.capability_ceiling)):
+            raise ValueError("capability_ceiling must be a finite number of nats per answer, "
+                             f"got {self.capability_ceiling!r}")
         self._costs: dict[tuple, float] = {}
+        self._capability: dict[tuple, float] = {}
+        # query heads per KV head, where the units are query heads
+        self._group = max(1, self.num_units // next(iter(self.banks)).num_kv_heads)
+        # bytes of one KV head's slots at one layer, over every bank
+        self._slot_bytes = sum(bank.keys.shape[2] * bank.keys.shape[3] * bank.keys.element_size()
+                               * 2 for bank in self.banks)
+
+    def kv_bytes(self, units: Units) -> int:
+        """Bytes of bank keys and values the configuration steers with: every bank's slots at
+        each steered KV head (a KV group is one; query heads count the KV heads they read) of
+        each steered layer."""
+        if self.unit_type == "kv_group":
+            heads = sum(len(set(u)) for u in units.values())
+        else:
+            heads = sum(len({head // self._group for head in u}) for u in units.values())
+        return heads * self._slot_bytes
+
+    def fits(self, units: Units) -> bool:
+        """Whether ``units`` is within the KV ceiling (always, without one)."""
+        return self.kv_ceiling is None or self.kv_bytes(units) <= self.kv_ceiling
+
+    def fitting(self, layer: int, beside: Units | None = None) -> tuple[int, ...]:
+        """The most units of ``layer``, in order, that fit the KV ceiling beside ``beside``
+        (all of them without a ceiling; none when even one is over it)."""
+        every = tuple(range(self.num_units))
+        for count in range(len(every), 0, -1):
+            if self.fits({**(beside or {}), layer: every[:count]}):
+                return every[:count]
+        return ()
 
     def _method(self, banks: BankSet, units: Units, index: int) -> MemoryMethod:
         strength, gain = self.settings[index]
@@ -119,12 +179,30 @@ class BudgetSearch:
         judge._costs = self._costs
         return judge
 
+    def capability_cost(self, units: Units, index: int) -> float | None:
+        """Nats per factual answer the setting costs (None without a capability ceiling)."""
+        if self.capability is None:
+            return None
+        key = (tuple(sorted(units.items())), index)
+        if key not in self._capability:
+            self._capability[key] = self.capability.measure(
+                self._method(self.banks, units, index))
+        return self._capability[key]
+
+    def within(self, units: Units, index: int) -> bool:
+        """Whether setting ``index`` at ``units`` is within the cost budget and, where there is
+        one, the capability ceiling (the cheaper neutral-text check first)."""
+        if self._cost(units, index) > self.cost_budget:
+            return False
+        return self.capability is None or (self.capability_cost(units, index)
+                                           <= self.capability_ceiling)
+
     def strongest(self, units: Units) -> int:
         """Index of the strongest dial setting within budget at ``units`` (-1: none)."""
         low, high = -1, len(self.settings) - 1
         while low < high:
             middle = (low + high + 1) // 2
-            if self._cost(units, middle) <= self.cost_budget:
+            if self.within(units, middle):
                 low = middle
             else:
                 high = middle - 1
@@ -132,10 +210,14 @@ class BudgetSearch:
 
     def score(self, units: Units, index: int | None = None) -> SiteScore:
         """Measure ``units`` at grid strength ``index`` (default: the strongest within budget);
-        no strength within budget scores as the plain model, exactly 0, without a pass."""
-        index = self.strongest(units) if index is None else index
+        no strength within budget scores as the plain model, exactly 0, without a pass. A
+        configuration over the KV ceiling is refused (ValueError)."""
+        if not self.fits(units):
+            raise ValueError(f"the configuration {units} carries {self.kv_bytes(units)} bytes "
+                             f"of banks, over the KV ceiling of {self.kv_ceiling}")
         layers = tuple(sorted(units))
         frozen = tuple(sorted(units.items()))
+        index = self.strongest(units) if index is None else index
         if index < 0:
             result = SiteScore(layers, 1.0, 0.0, 0.0, 0.0, strength=0.0, cost=0.0,
                                presence=0.0 if self.control is not None else None, units=frozen)
@@ -145,8 +227,11 @@ class BudgetSearch:
                        if self.control is not None else None)
             measured = self.objective.measure(self._method(self.banks, units, index),
                                               control=control, cost=self._cost(units, index))
-            result = SiteScore(layers, gain, strength=strength, units=frozen, **measured)
+            result = SiteScore(layers, gain, strength=strength, units=frozen,
+                               capability=self.capability_cost(units, index), **measured)
         self.history.append(result)
+        if self.progress_bar is not None:
+            self.progress_bar.update()
         return result
 
     def every_layer(self, layers: Sequence[int]) -> SiteScore | None:
@@ -157,7 +242,8 @@ class BudgetSearch:
         full = len(self.strengths) - 1  # the setting (1.0, base gain)
         cheap = [layer for layer in sorted(set(layers))
                  if self._cost({layer: every}, full) <= self.cost_budget]
-        return self.score(dict.fromkeys(cheap, every)) if len(cheap) > 1 else None
+        units = dict.fromkeys(cheap, every)
+        return self.score(units) if len(cheap) > 1 and self.fits(units) else None
 
     def run(self, candidates: Sequence[int], *, top_layers: int, unit_search: bool = True,
             layer_stride: int = 1, progress: bool = True) -> SiteScore:
@@ -171,26 +257,35 @@ class BudgetSearch:
             raise ValueError("the search needs at least one candidate layer")
         if not 1 <= top_layers <= len(candidates):
             raise ValueError(f"top_layers must be in [1, {len(candidates)}], got {top_layers}")
-        every = tuple(range(self.num_units))
-        bar = tqdm(desc="budgeted site search", disable=not progress)
+        outer = self.progress_bar is not None
+        bar = self.progress_bar if outer else tqdm(desc="budgeted site search",
+                                                   disable=not progress)
 
         def scored(units: Units, index: int | None = None) -> SiteScore:
             result = self.score(units, index)
-            bar.update()
-            bar.set_postfix_str(f"best {max(h.score for h in self.history):+.2f}")
+            if not outer:
+                bar.update()
+            bar.set_postfix_str(f"best {max(h.score for h in self.history):+.2f}", refresh=False)
             return result
 
         def better(trial: SiteScore, best: SiteScore) -> bool:
             return trial.score > best.score
 
-        singles = [scored({layer: every}) for layer in candidates]
+        fitting = {layer: self.fitting(layer) for layer in candidates}
+        singles = [scored({layer: fitting[layer]}) for layer in candidates if fitting[layer]]
+        if not singles:
+            raise ValueError(f"no candidate layer fits the KV ceiling of {self.kv_ceiling} "
+                             f"bytes: one KV head of the banks at one layer is "
+                             f"{self._slot_bytes} bytes; raise the ceiling or build smaller "
+                             "banks")
         order = [s.layers[0] for s in sorted(singles, key=lambda s: (-s.score, s.layers))]
         best = max(singles, key=lambda s: (s.score, -s.layers[0]))
         for layer in order[:top_layers]:  # the next best singles, one trial each
             if len(best.layers) >= top_layers:
                 break
-            if layer not in best.layers:
-                trial = scored({**dict(best.units), layer: every})
+            added = self.fitting(layer, dict(best.units)) if layer not in best.layers else ()
+            if added:
+                trial = scored({**dict(best.units), layer: added})
                 if better(trial, best):
                     best = trial
         if unit_search:
@@ -207,5 +302,6 @@ class BudgetSearch:
                         trial = scored(trial_units)
                         if better(trial, best):
                             best = trial
-        bar.close()
+        if not outer:
+            bar.close()
         return best
