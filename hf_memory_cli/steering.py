@@ -17,11 +17,20 @@ import time
 from pathlib import Path
 
 from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES
+from hf_memory.selection.defaults import DEFAULT_KV_CEILING
 
 from .errors import CLIError
 from .memory import selector_line
 from .model_loading import add_model_arguments, load_model
-from .types import layer_spec, non_negative, persona_recipes, positive_int, strength
+from .types import (
+    capability_ceiling,
+    kv_ceiling,
+    layer_spec,
+    non_negative,
+    persona_recipes,
+    positive_int,
+    strength,
+)
 
 __all__ = ["add_steering_parsers"]
 
@@ -188,16 +197,40 @@ def _persona(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     found = calibrate_persona(model, tokenizer, text, pairs, recipes=args.recipes,
                               cost_budget=args.cost_budget, top_layers=args.top_layers,
-                              layer_stride=args.layer_stride)
+                              layer_stride=args.layer_stride, kv_ceiling=args.kv_ceiling,
+                              capability_ceiling=args.capability_ceiling)
     found.save_pretrained(out)
     for trial in found.trials:
+        if "skipped" in trial:
+            print(f"# {trial['recipe']}: skipped, {trial['skipped']}")
+            continue
         held = trial["validation_target"]
+        capability = trial["capability"]
         print(f"# {trial['recipe']}: layers {trial['layers']}, strength {trial['strength']:g}, "
-              f"gain {trial['gain']:g}, cost {trial['cost']:+.3f} nats/token; calibration "
+              f"gain {trial['gain']:g}, cost {trial['cost']:+.3f} nats/token"
+              + ("" if capability is None else f", {capability:+.2f} nats/factual answer")
+              + f", KV {trial['kv_fraction']:.2f}x the prompt's; calibration "
               f"shift {trial['calibration_target']:+.2f}"
               + ("" if held is None else f", validation shift {held:+.2f}") + " nats")
+    _print_judged(found.judged)
     print(f"# kept {found.recipe} in {time.perf_counter() - start:.0f}s; wrote {out} (chat: "
           f"hf-memory chat --banks {out} --selector {out / 'selector'})")
+
+
+def _print_judged(judged: dict | None) -> None:
+    """The persona call's judged replies, a line per method."""
+    if judged is None:
+        return
+    accuracy = judged["judge"]["held_out_accuracy"]
+    if "refused" in judged:
+        print(f"# replies not judged: {judged['refused']}")
+        return
+    print(f"# replies to {judged['prompts']} of the pairs' prompts, judged by a judge fitted on "
+          f"your pairs (held-out accuracy {accuracy:.2f}; 1 = your persona's voice):")
+    for name, row in judged["methods"].items():
+        print(f"#   {name}: judged {row['judge_score']:.2f} ({row['target_share']:.0%} on the "
+              f"persona's side), perplexity {row['perplexity'] or float('nan'):.1f}, "
+              f"distinct-2 {row['distinct_2']:.2f}")
 
 
 def _check_sites(args: argparse.Namespace) -> None:
@@ -478,6 +511,15 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
                          help=f"comma-separated bank recipes to try (default: "
                               f"{','.join(DEFAULT_RECIPES)}; also "
                               f"{','.join(r for r in RECIPES if r not in DEFAULT_RECIPES)})")
+    persona.add_argument("--kv-ceiling", type=kv_ceiling, default=DEFAULT_KV_CEILING,
+                         metavar="SHARE",
+                         help="the most KV memory the banks may carry, as a share of the "
+                              "persona text's KV as a visible prompt (default: "
+                              f"{DEFAULT_KV_CEILING:g}; none: no ceiling)")
+    persona.add_argument("--capability-ceiling", type=capability_ceiling, default="prompt",
+                         metavar="NATS",
+                         help="nats per factual answer the steering may cost (default: prompt, "
+                              "the visible prompt's own cost plus a little; none: not charged)")
     _search_arguments(persona, top_layers=6)
     _pair_arguments(persona)
     add_model_arguments(persona)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["device", "finite", "layer_spec", "non_negative", "non_negative_int", "parse_layers",
-           "persona_recipes", "positive_float", "positive_int", "strength", "unit_interval"]
+__all__ = ["capability_ceiling", "device", "finite", "kv_ceiling", "layer_spec", "non_negative",
+           "non_negative_int", "parse_layers", "persona_recipes", "positive_float",
+           "positive_int", "strength", "unit_interval"]
 
 
 def device(text: str) -> str:
@@ -106,3 +107,17 @@ def persona_recipes(text: str) -> list[str]:
         return check_recipes(name.strip() for name in text.split(",") if name.strip())
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def kv_ceiling(text: str) -> float | None:
+    """A share of the prompt's KV above 0, or ``none`` (no ceiling)."""
+    if text.strip().lower() == "none":
+        return None
+    return positive_float(text)
+
+
+def capability_ceiling(text: str) -> float | str | None:
+    """``prompt`` (the visible prompt's own cost), nats per answer, or ``none``."""
+    if text.strip().lower() in ("none", "prompt"):
+        return None if text.strip().lower() == "none" else "prompt"
+    return finite(text)

@@ -5,6 +5,7 @@ persona calibration (a tiny model reading the embedded model's tokenizer; bad in
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -401,3 +402,38 @@ def test_ceilings_of_the_wrong_type_are_one_clear_error_each(chat_tiny):
             calibrate_persona(model, tokenizer, TEXT, PAIRS, capability_ceiling=bad)
     with pytest.raises(ValueError, match="capability_ceiling must be a finite number"):
         calibrate_persona(model, tokenizer, TEXT, PAIRS, capability_ceiling=float("inf"))
+
+
+def test_one_progress_bar_over_the_whole_call_and_judged_replies(chat_tiny, capsys, tmp_path):
+    """One bar from start to end (its total an upper bound, set to what ran at the end), no
+    search bar of its own; the kept steering's replies judged beside plain and the prompt, by a
+    judge fitted on the pairs, kept through save and load."""
+    model, tokenizer = chat_tiny
+    found = calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=("prompt_like",),
+                              top_layers=1, unit_search=False, kv_ceiling=None,
+                              capability_ceiling=None,
+                              cost=NeutralCost(model, tokenizer, passages=PASSAGES))
+    err = capsys.readouterr().err
+    assert "persona calibration: prompt_like" in err and "budgeted site search" not in err
+    last = [line for line in err.replace("\r", "\n").splitlines()
+            if line.startswith("persona calibration")][-1]
+    done = re.search(r"\| (\d+)/(\d+) \[", last)
+    assert done and done[1] == done[2] and int(done[1]) >= len(found.selector.config["history"])
+    judged = found.judged
+    assert judged["judge"]["held_out_accuracy"] >= 0.8 and judged["prompts"] == 8
+    assert set(judged["methods"]) == {"plain", "prompt", "memory"}
+    for row in judged["methods"].values():
+        assert 0 <= row["judge_score"] <= 1 and len(row["replies"]) == 8
+    loaded = PersonaSteering.from_pretrained(found.save_pretrained(tmp_path / "j"), model=model)
+    assert loaded.judged == json.loads(json.dumps(judged))
+
+
+def test_pairs_a_judge_cannot_tell_apart_are_reported_not_judged(chat_tiny):
+    from hf_memory.recipes.persona import judge_replies
+
+    model, tokenizer = chat_tiny
+    mixed = [(p, t, r) if i % 2 else (p, r, t) for i, (p, t, r) in enumerate(PAIRS)]
+    judged = judge_replies(model, tokenizer, TEXT, mixed, PromptMethod(TEXT,
+                                                                       tokenizer=tokenizer))
+    assert "held-out accuracy" in judged["refused"] and "methods" not in judged
+    assert judged["judge"]["held_out_accuracy"] < 0.8

@@ -241,6 +241,9 @@ def test_persona_calibrates_banks_and_selector_in_one_command(tiny_dirs, tmp_pat
                         "--recipes", "prompt_like,descriptor", "--model", model)
     assert code == 0 and "# prompt_like: layers" in text and "# descriptor: layers" in text
     assert f"--selector {out / 'selector'}" in text
+    # each trial's KV and factual cost; the replies judged by a judge fitted on the pairs
+    assert "x the prompt's" in text and "nats/factual answer" in text
+    assert "# replies to" in text and "#   memory: judged" in text
     found = PersonaSteering.from_pretrained(out)
     assert found.recipe in ("prompt_like", "descriptor") and len(found.trials) == 2
     assert found.selector.config["cost_budget"] == 0.1
@@ -263,3 +266,8 @@ def test_persona_refuses_bad_input(tiny_dirs, tmp_path, capsys):
                        "--model", tiny_dirs[0])
     assert code == 2 and "not a bank set folder" in err
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+    for flag, value in (("--kv-ceiling", "a quarter"), ("--kv-ceiling", "0"),
+                        ("--capability-ceiling", "high")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["persona", "--text", "Arr.", flag, value, "--out", str(tmp_path / "p")])
+        assert exit_.value.code == 2 and flag in capsys.readouterr().err

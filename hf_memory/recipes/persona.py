@@ -58,16 +58,16 @@ from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import split_pairs
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
+from hf_memory.selection.defaults import CAPABILITY_SLACK, DEFAULT_KV_CEILING
 from hf_memory.selection.selector import Selector
 
 __all__ = ["CAA_LAYERS", "CAA_SCALES", "CAPABILITY_SLACK", "DEFAULT_KV_CEILING",
            "DEFAULT_RECIPES", "RECIPES", "PersonaSteering", "calibrate_caa",
-           "calibrate_persona", "exemplar_text", "persona_banks"]
+           "calibrate_persona", "exemplar_text", "judge_replies", "persona_banks"]
 
 MAX_EXEMPLARS = 8
-DEFAULT_KV_CEILING = 0.25  # of the persona text's KV memory as a visible prompt
-CAPABILITY_SLACK = 0.1  # nats per factual answer above the visible prompt's own cost
 MIN_KV_HEADS = 3  # the exemplar count leaves room for this many KV heads of the banks
+JUDGED_PROMPTS = 8  # of the pairs' prompts, answered by each method for the reply judge
 REPORT_NAME = "persona.json"
 CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14, 18 of 30
 CAA_SCALES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -111,13 +111,16 @@ def persona_banks(model, tokenizer, text: str, *, recipe: str = "prompt_like",
 @dataclass
 class PersonaSteering:
     """What :func:`calibrate_persona` found: the chosen recipe's banks and selector, and every
-    recipe's trial (calibration and validation movement, cost, sites)."""
+    recipe's trial (calibration and validation movement, cost, KV, sites), the ceilings it ran
+    under (``limits``) and its replies judged against the plain model's and the visible
+    prompt's (``judged``, :func:`judge_replies`)."""
 
     banks: BankSet
     selector: Selector
     recipe: str
     trials: list[dict[str, Any]] = field(default_factory=list)
     limits: dict[str, Any] = field(default_factory=dict)
+    judged: dict[str, Any] | None = None
 
     def method(self, strength: float = 1.0):
         """A :class:`~hf_memory.baselines.methods.MemoryMethod` steering with it."""
@@ -132,7 +135,7 @@ class PersonaSteering:
         self.banks.save_pretrained(directory)
         self.selector.save_pretrained(directory / "selector")
         write_json(directory / REPORT_NAME, {"recipe": self.recipe, "trials": self.trials,
-                                             "limits": self.limits})
+                                             "limits": self.limits, "judged": self.judged})
         return directory
 
     @classmethod
@@ -141,7 +144,8 @@ class PersonaSteering:
         report = json.loads((directory / REPORT_NAME).read_text())
         return cls(BankSet.from_pretrained(directory, model=model),
                    Selector.from_pretrained(directory / "selector", model=model),
-                   report["recipe"], report["trials"], report.get("limits", {}))
+                   report["recipe"], report["trials"], report.get("limits", {}),
+                   report.get("judged"))
 
 
 def _trial(recipe: str, selector: Selector, exemplars: int, prompt_bytes: int
@@ -230,7 +234,7 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
                       cost_budget: float = DEFAULT_COST_BUDGET, top_layers: int = 6,
                       max_exemplars: int = MAX_EXEMPLARS,
                       kv_ceiling: float | None = DEFAULT_KV_CEILING,
-                      capability_ceiling: float | str | None = "prompt",
+                      capability_ceiling: float | str | None = "prompt", judge: bool = True,
                       progress: bool = True, **search: Any) -> PersonaSteering:
     """Banks and a frozen selector for the persona ``text``, calibrated on ``pairs``
     (``(prompt, reply in the persona, reply without it)``, ~20 or more).
@@ -247,7 +251,8 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     ``kv_ceiling``: the most KV memory the banks at the chosen sites may carry, as a fraction of
     ``text``'s KV as a visible prompt (None: no ceiling). ``capability_ceiling``: nats per
     factual answer a setting may cost (``"prompt"``: the visible prompt's own cost plus
-    :data:`CAPABILITY_SLACK`; None: not charged). See the module docstring.
+    :data:`CAPABILITY_SLACK`; None: not charged). See the module docstring. ``judge``: judge the
+    kept steering's greedy replies (:func:`judge_replies`) into the result's ``judged``.
     """
     check_pairs(pairs)
     pairs = list(pairs)
@@ -312,8 +317,34 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
             "None for no ceiling)")
     banks, selector, chosen = max(found, key=lambda item: held_out(item[2]))
     record = {k: v for k, v in limits.items() if k != "capability"}
-    return PersonaSteering(banks, selector, chosen["recipe"],
-                           [t for _, _, t in found] + skipped, record)
+    steering = PersonaSteering(banks, selector, chosen["recipe"],
+                               [t for _, _, t in found] + skipped, record)
+    if judge:
+        steering.judged = judge_replies(model, tokenizer, text, pairs, steering.method())
+    return steering
+
+
+def judge_replies(model, tokenizer, text: str, pairs: Sequence[tuple[str, str, str]], method,
+                  *, prompts: int = JUDGED_PROMPTS, max_new_tokens: int = 40) -> dict[str, Any]:
+    """``method``'s greedy replies to ``prompts`` of the pairs' prompts (spread over the list)
+    beside the plain model's and the visible prompt's (``text`` as the system message), scored
+    by a :class:`~hf_memory.metrics.reply_judge.ReplyJudge` fitted on ``pairs`` with fluency
+    beside (:func:`~hf_memory.metrics.reply_judge.judge_methods`). A judge under 0.8 held-out
+    accuracy judges nothing: ``{"judge": ..., "refused": why}``."""
+    from hf_memory.baselines.methods import PlainMethod, PromptMethod
+    from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge, judge_methods
+
+    try:
+        judge = ReplyJudge.fit(pairs)
+    except JudgeTooWeakError as error:
+        weak = ReplyJudge.fit(pairs, min_accuracy=None)
+        return {"judge": weak.as_dict(), "refused": str(error)}
+    _, asked = split_pairs(pairs, min(prompts, len(pairs) - 1))
+    rows = judge_methods(model, tokenizer, judge, [p for p, _, _ in asked],
+                         {"plain": PlainMethod(), "prompt": PromptMethod(text,
+                                                                         tokenizer=tokenizer),
+                          "memory": method}, max_new_tokens=max_new_tokens)
+    return {"judge": judge.as_dict(), "prompts": len(asked), "methods": rows}
 
 
 def calibrate_caa(model, tokenizer, pairs: Sequence[tuple[str, str, str]], *,
