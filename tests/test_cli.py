@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 
@@ -104,8 +105,18 @@ def test_the_default_demo_shows_the_shipped_persona_in_every_method(capsys):
     # memory at every layer, within the visible prompt's own cost, voices it too
     assert float(rates["every_layer"]) > float(rates["plain"])
     assert "the visible prompt's own cost" in out and "[memory, every layer (+" in out
-    costs = next(x for x in out.splitlines() if x.startswith("cost ("))
-    assert "plain +0.000" in costs and "; memory " in costs
-    replies = {m: x for x in out.splitlines() for m in ("plain", "memory")
-               if x.strip().startswith(f"[{m}")}
-    assert replies["memory"].split("] ", 1)[1] != replies["plain"].split("] ", 1)[1]
+    costs_line = next(x for x in out.splitlines() if x.startswith("cost ("))
+    budget = float(re.search(r"calibrated within (\d+\.\d+)", costs_line)[1])
+    costs = {name: float(value) for name, value in
+             re.findall(r"(\w+) ([+-]\d+\.\d+)", costs_line.split("): ", 1)[1])}
+    assert costs["plain"] == 0.0 and set(costs) == {"plain", "prompt", "caa", "memory",
+                                                    "every_layer"}
+    # every calibrated method within the budget the line names (printed to three decimals)
+    for name in ("caa", "memory", "every_layer"):
+        assert costs[name] <= budget + 5e-4, (name, costs[name], budget)
+    # each row's reply keyed by its exact label: the selector's row is not the every-layer row
+    labels = {"plain": "[plain]", "memory": "[memory (+", "every_layer": "[memory, every layer (+"}
+    replies = {name: [x.split("] ", 1)[1] for x in out.splitlines()
+                      if x.strip().startswith(label)] for name, label in labels.items()}
+    assert all(len(r) == 1 for r in replies.values()), replies
+    assert replies["memory"] != replies["plain"]
