@@ -168,5 +168,44 @@ def test_a_frozen_selector_is_shipped_for_every_direction(default_model):
         assert selector.config["direction"] == direction
         best = selector.config["best"]
         assert best["target"] > 0  # moves its calibration pairs its way, net of a neutral bank
-        assert best["cost"] <= selector.config["cost_budget"] == 0.1  # within the budget
+        assert selector.config["cost_budget"] == 0.1
         assert selector.strength == best["strength"] > 0
+
+
+@pytest.fixture(scope="module")
+def neutral_cost(default_model):
+    from hf_memory.metrics.steering_cost import NeutralCost
+
+    return NeutralCost(*default_model)
+
+
+# Measured 2026-12-06 (16 held-out items each): A+ moves them -0.24 nats, O- +0.07; the other
+# eight +1.7 to +4.1. Strict: a selector rebuilt to move them makes these fail until unmarked.
+WEAK_DIRECTIONS = {"A+": "its sites move the held-out items the wrong way (-0.24 nats)",
+                   "O-": "its sites barely move the held-out items (+0.07 nats)"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", [
+    pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=WEAK_DIRECTIONS[d]))
+    if d in WEAK_DIRECTIONS else d for d in SHIPPED_DIRECTIONS])
+def test_every_shipped_selector_is_within_its_budget_and_moves_its_held_out_items(
+        default_model, neutral_cost, direction):
+    """Measured afresh, not read back from the selector's record: the direction's cost on the
+    shipped neutral text is within the 0.1 budget it was calibrated under, and its descriptor
+    bank at its sites moves the trait's 16 held-out items its way by at least 1 nat on
+    average."""
+    from eval_harness.directions import eval_pairs
+    from hf_memory.baselines.methods import MemoryMethod
+
+    model, tokenizer = default_model
+    trait, sign, target, _ = direction_parts(direction)
+    selector = shipped_selector(direction, model=model)
+    method = MemoryMethod(BankSet([persona_bank(model, tokenizer, target)], model=model),
+                          selector)
+    assert neutral_cost.measure(method) <= selector.config["cost_budget"] == 0.1
+    pole, other = ("high", "low") if sign > 0 else ("low", "high")
+    pairs = [(i["question"], i[pole], i[other]) for i in eval_pairs() if i["trait"] == trait]
+    shift = pair_margins(model, tokenizer, pairs, method=method) - pair_margins(
+        model, tokenizer, pairs)
+    assert float(shift.mean()) >= 1.0, float(shift.mean())
