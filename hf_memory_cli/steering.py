@@ -221,10 +221,10 @@ def _print_judged(judged: dict | None) -> None:
     """The persona call's judged replies, a line per method."""
     if judged is None:
         return
-    accuracy = judged["judge"]["held_out_accuracy"]
     if "refused" in judged:
         print(f"# replies not judged: {judged['refused']}")
         return
+    accuracy = judged["judge"]["held_out_accuracy"]
     print(f"# replies to {judged['prompts']} of the pairs' prompts, judged by a judge fitted on "
           f"your pairs (held-out accuracy {accuracy:.2f}; 1 = your persona's voice):")
     for name, row in judged["methods"].items():

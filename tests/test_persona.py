@@ -193,7 +193,8 @@ def test_calibrate_persona_keeps_the_recipe_that_holds_and_round_trips(chat_tiny
                               recipes=("prompt_like", "exemplars"), top_layers=1,
                               unit_search=False, cost=NeutralCost(model, tokenizer,
                                                                   passages=PASSAGES),
-                              kv_ceiling=None, capability_ceiling=None, progress=False)
+                              kv_ceiling=None, capability_ceiling=None, screen=False,
+                              progress=False)
     trials = {t["recipe"]: t for t in found.trials}
     assert set(trials) == {"prompt_like", "exemplars"}
     assert trials["exemplars"]["exemplars"] == 3 and trials["prompt_like"]["exemplars"] == 0
@@ -227,8 +228,29 @@ def test_the_default_call_measures_every_recipe_on_one_neutral_text(chat_tiny, m
     model, tokenizer = chat_tiny
     found = calibrate_persona(model, tokenizer, TEXT, PAIRS, top_layers=1, unit_search=False,
                               progress=False)
-    assert [t["recipe"] for t in found.trials] == ["prompt_like", "exemplars", "contrast"]
+    assert sorted(t["recipe"] for t in found.trials) == ["contrast", "exemplars",
+                                                         "prompt_like"]
     assert len(made) == 1 and made[0].evaluations >= 3
+
+
+def test_the_screen_searches_only_the_recipe_whose_best_single_layer_scores_highest(chat_tiny):
+    """Every recipe's best single layer on a coarse grid, on its own calibration pairs within
+    the same ceilings; the best is searched fully and kept, the others recorded as screened
+    out with their scores."""
+    model, tokenizer = chat_tiny
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    found = calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=("prompt_like", "contrast"),
+                              top_layers=1, unit_search=False, cost=cost, kv_ceiling=None,
+                              capability_ceiling=None, judge=False, progress=False)
+    kept, other = found.trials
+    assert kept["recipe"] == found.recipe and "validation_target" in kept
+    assert other["recipe"] != found.recipe and "screened out" in other["skipped"]
+    assert kept["screened"] >= other["screened"]
+    alone = calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=(found.recipe,),
+                              top_layers=1, unit_search=False, cost=cost, kv_ceiling=None,
+                              capability_ceiling=None, judge=False, progress=False)
+    assert alone.selector.layers == found.selector.layers
+    assert alone.selector.strength == found.selector.strength
 
 
 def test_calibrate_persona_contrast_recipe_uses_the_held_back_pairs_and_round_trips(
@@ -341,7 +363,7 @@ def test_the_kv_ceiling_holds_every_trial_and_none_lifts_it(chat_tiny):
     model, tokenizer = chat_tiny
     cost = NeutralCost(model, tokenizer, passages=PASSAGES)
     kwargs = dict(top_layers=2, unit_search=False, cost=cost, capability_ceiling=None,
-                  progress=False, recipes=("prompt_like", "exemplars"))
+                  progress=False, recipes=("prompt_like", "exemplars"), screen=False)
     capped = calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=1.0, **kwargs)
     prompt = capped.limits["prompt_kv_bytes"]
     assert capped.limits["kv_ceiling"] == int(prompt)

@@ -239,13 +239,16 @@ def test_persona_calibrates_banks_and_selector_in_one_command(tiny_dirs, tmp_pat
     code, text, _ = cli(capsys, "persona", "--text", "You talk like a pirate.", "--pairs",
                         str(tmp_path / "pairs.jsonl"), "--out", str(out), "--top-layers", "1",
                         "--recipes", "prompt_like,descriptor", "--model", model)
-    assert code == 0 and "# prompt_like: layers" in text and "# descriptor: layers" in text
+    # the recipes screened by their best single layer, the better one searched fully
+    assert code == 0 and ("# prompt_like: layers" in text) != ("# descriptor: layers" in text)
+    assert "skipped, screened out: its best single layer scored" in text
     assert f"--selector {out / 'selector'}" in text
     # each trial's KV and factual cost; the replies judged by a judge fitted on the pairs
     assert "x the prompt's" in text and "nats/factual answer" in text
     assert "# replies to" in text and "#   memory: judged" in text
     found = PersonaSteering.from_pretrained(out)
     assert found.recipe in ("prompt_like", "descriptor") and len(found.trials) == 2
+    assert found.trials[0]["recipe"] == found.recipe and "screened" in found.trials[1]
     assert found.selector.config["cost_budget"] == 0.1
     code, text, _ = cli(capsys, "generate", "--banks", str(out), "--selector",
                         str(out / "selector"), "--prompt", "Hi", "--max-new-tokens", "2",

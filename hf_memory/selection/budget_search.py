@@ -237,8 +237,11 @@ class BudgetSearch:
     def every_layer(self, layers: Sequence[int]) -> SiteScore | None:
         """Every layer of ``layers`` whose bank alone (all units, full strength at the base
         gain) costs within the budget, scored together at the strongest setting within budget;
-        None when fewer than two layers qualify."""
+        None when fewer than two layers qualify, or when ``layers`` together are over the KV
+        ceiling (then the visible prompt's configuration is out of reach: no probe is run)."""
         every = tuple(range(self.num_units))
+        if not self.fits(dict.fromkeys(layers, every)):
+            return None
         full = len(self.strengths) - 1  # the setting (1.0, base gain)
         cheap = [layer for layer in sorted(set(layers))
                  if self._cost({layer: every}, full) <= self.cost_budget]
