@@ -364,13 +364,6 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
         value = trial["validation_target"]
         return trial["calibration_target"] if value is None else value
 
-    bar.total = bar.n  # the search stops early where adding sites stops paying
-    bar.close()
-    if not found:
-        raise ValueError("no recipe fits the KV ceiling: " + "; ".join(
-            f"{t['recipe']}: {t['skipped']}" for t in skipped) + " (the persona text as a "
-            f"prompt holds {limits['prompt_kv_bytes']} bytes of KV; raise kv_ceiling, or "
-            "None for no ceiling)")
     banks, selector, chosen = max(found, key=lambda item: held_out(item[2]))
     record = {k: v for k, v in limits.items() if k != "capability"}
     steering = PersonaSteering(banks, selector, chosen["recipe"],
