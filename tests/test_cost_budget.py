@@ -383,6 +383,9 @@ def test_a_capability_ceiling_narrows_the_dial_as_the_budget_does():
     assert search.settings[search.strongest({0: (0, 1)})] == (0.5, 1.0)
     scored = search.score({0: (0, 1)})
     assert scored.strength == 0.5 and scored.capability == pytest.approx(0.25)
+    calls = capability.calls  # a validation judge reuses the measured capability costs
+    assert search.judged_by(objective).score({0: (0, 1)}).strength == 0.5
+    assert capability.calls == calls
     with pytest.raises(ValueError, match="give both or neither"):
         BudgetSearch(objective, banks(), 0.1, "kv_group", 2, capability=capability)
     with pytest.raises(ValueError, match="capability_ceiling must be a finite number"):

@@ -173,10 +173,10 @@ class BudgetSearch:
 
     def judged_by(self, objective: ShiftObjective) -> BudgetSearch:
         """The same search scoring ``objective`` (e.g. validation pairs) instead: the same
-        banks, control, dial and budget, and the same cost cache (a site's cost does not depend
-        on the pairs), with a history of its own."""
+        banks, control, dial and ceilings, and the same cost caches (a site's costs do not
+        depend on the pairs), with a history of its own."""
         judge = replace(self, objective=objective, history=[], cost_probes=0)
-        judge._costs = self._costs
+        judge._costs, judge._capability = self._costs, self._capability
         return judge
 
     def capability_cost(self, units: Units, index: int) -> float | None:
