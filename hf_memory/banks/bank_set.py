@@ -104,6 +104,11 @@ class BankSet:
                 return bank
         raise KeyError(f"no bank named {name!r}; banks: {[b.name for b in self.banks]}")
 
+    def head_bytes(self) -> int:
+        """Bytes of keys and values of one KV head at one layer, over every bank: what each
+        steered KV head of each steered layer carries."""
+        return sum(bank.nbytes([bank.layers[0]]) // bank.num_kv_heads for bank in self.banks)
+
     def check_model(self, model: nn.Module) -> None:
         """Raise if these banks cannot be applied to ``model``."""
         get_adapter(model)

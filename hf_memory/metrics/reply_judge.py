@@ -52,7 +52,12 @@ class EncoderUnavailableError(RuntimeError):
 
 
 class JudgeTooWeakError(ValueError):
-    """The judge's held-out accuracy is below the accuracy asked for."""
+    """The judge's held-out accuracy is below the accuracy asked for; ``judge``: the refused
+    judge, for reporting its figures."""
+
+    def __init__(self, message: str, judge: ReplyJudge) -> None:
+        super().__init__(message)
+        self.judge = judge
 
 
 def _sha256(path: Path) -> str:
@@ -227,7 +232,7 @@ class ReplyJudge:
                 f"({len(splits)}-fold over {len(pairs)} pairs), below min_accuracy="
                 f"{min_accuracy}: its target and reference replies are not told apart reliably. "
                 f"Give it more contrast pairs, or pairs whose target replies differ more "
-                f"distinctly from their references (min_accuracy=None to report it anyway)")
+                f"distinctly from their references (min_accuracy=None to report it anyway)", judge)
         return judge
 
     def score(self, replies: Sequence[str]) -> list[float]:

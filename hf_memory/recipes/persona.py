@@ -230,7 +230,7 @@ def _exemplar_count(model, tokenizer, text: str, recipe: str, pairs, count: int,
         banks = persona_banks(model, tokenizer, text, recipe=recipe,
                               exemplars=[t for _, t, _ in examples],
                               counter_exemplars=[r for _, _, r in examples])
-        per_head = sum(bank.nbytes([bank.layers[0]]) // bank.num_kv_heads for bank in banks)
+        per_head = banks.head_bytes()
         if kv_ceiling is None or count == 1 or MIN_KV_HEADS * per_head <= kv_ceiling:
             return scored, examples, banks
         count -= 1
@@ -250,7 +250,7 @@ def _recipe_banks(model, tokenizer, text: str, recipe: str, pairs, max_exemplars
                                                   kv_ceiling)
     else:
         banks = persona_banks(model, tokenizer, text, recipe=recipe)
-    per_head = sum(bank.nbytes([bank.layers[0]]) // bank.num_kv_heads for bank in banks)
+    per_head = banks.head_bytes()
     if kv_ceiling is not None and per_head > kv_ceiling:
         return {"recipe": recipe, "skipped": f"one KV head of its banks at one layer is "
                                              f"{per_head} bytes, over the KV ceiling of "
@@ -389,8 +389,7 @@ def judge_replies(model, tokenizer, text: str, pairs: Sequence[tuple[str, str, s
     try:
         judge = ReplyJudge.fit(pairs)
     except JudgeTooWeakError as error:
-        weak = ReplyJudge.fit(pairs, min_accuracy=None)
-        return {"judge": weak.as_dict(), "refused": str(error)}
+        return {"judge": error.judge.as_dict(), "refused": str(error)}
     _, asked = split_pairs(pairs, min(prompts, len(pairs) - 1))
     rows = judge_methods(model, tokenizer, judge, [p for p, _, _ in asked],
                          {"plain": PlainMethod(), "prompt": PromptMethod(text,

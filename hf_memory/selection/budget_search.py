@@ -131,8 +131,7 @@ class BudgetSearch:
         # query heads per KV head, where the units are query heads
         self._group = max(1, self.num_units // next(iter(self.banks)).num_kv_heads)
         # bytes of one KV head's slots at one layer, over every bank
-        self._slot_bytes = sum(bank.keys.shape[2] * bank.keys.shape[3] * bank.keys.element_size()
-                               * 2 for bank in self.banks)
+        self._slot_bytes = self.banks.head_bytes()
 
     def kv_bytes(self, units: Units) -> int:
         """Bytes of bank keys and values the configuration steers with: every bank's slots at
