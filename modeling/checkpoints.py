@@ -3,13 +3,28 @@
 A checkpoint or log is written beside its target and renamed over it, so a training run killed
 mid-save leaves the previous checkpoint (or none), never a half-written folder that
 ``from_pretrained`` would load with missing weights.
+
+A checkpoint is a folder of several files read by ``from_pretrained`` (and ``load_state``) as
+they stand, so its files keep their names and it is replaced whole: the new folder is written
+into a staging sibling and the two folders are exchanged in one step, ``renameat2(...,
+RENAME_EXCHANGE)`` on Linux (ext4, xfs, btrfs, tmpfs, overlayfs). A kill at any instant leaves
+the old folder or the new one at its name, never neither; the old one, now at the staging name,
+is deleted after the exchange, or by the next save to the same place if the kill came first, so
+repeated (and repeatedly killed) saves leave at most one staging folder behind. POSIX
+``rename`` cannot replace a non-empty folder, and a folder kept behind a symlink breaks
+``cp -r`` and moving it alone, hence the exchange. Where it is unavailable (another OS, or a
+filesystem that refuses it, e.g. NFS) the old folder is renamed aside and the new one renamed
+in, and a kill between those two renames leaves the checkpoint only at the staging name.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,14 +46,54 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
         Path(name).unlink(missing_ok=True)
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the entries ``a`` and ``b`` (both existing, in the same folder) in one step.
+
+    False, with nothing changed, where this OS or filesystem cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _swap_in(staging: Path, directory: Path) -> None:
+    """Put the folder ``staging`` at ``directory``; whatever was there is deleted."""
+    if not directory.exists():
+        os.replace(staging, directory)
+    elif _exchange(staging, directory):
+        shutil.rmtree(staging, ignore_errors=True)  # the old folder, now at the staging name
+    else:
+        retired = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".partial",
+                                        dir=directory.parent))
+        os.replace(directory, retired / directory.name)
+        os.replace(staging, directory)
+        shutil.rmtree(retired, ignore_errors=True)
+
+
 def save_pretrained_atomically(model: Any, directory: Path,
                                add_files: Callable[[Path], None] | None = None, *,
                                accelerator: Any = None) -> Path:
     """``model.save_pretrained`` (and ``add_files(folder)``, e.g. a model card) into a staging
     sibling of ``directory``, then swap it in.
 
-    The old folder, if any, is moved aside first and deleted only once the new one is in place;
-    staging folders left by a killed save are removed by the next save to the same place.
+    The new folder takes the old one's place in one step (see the module docstring) and the old
+    one is deleted after; staging folders left by a killed save are removed by the next save to
+    the same place.
 
     With an ``accelerate.Accelerator`` of several processes, every process calls this: the main
     process writes the weights into one staging folder, every process then runs ``add_files``
@@ -74,14 +129,8 @@ def save_pretrained_atomically(model: Any, directory: Path,
         if add_files is not None:
             add_files(staging)
         barrier()
-        if main and directory.exists():
-            retired = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial",
-                                            dir=directory.parent))
-            os.replace(directory, retired / directory.name)
-            os.replace(staging, directory)
-            shutil.rmtree(retired, ignore_errors=True)
-        elif main:
-            os.replace(staging, directory)
+        if main:
+            _swap_in(staging, directory)
     finally:
         if main:
             shutil.rmtree(staging, ignore_errors=True)

@@ -1,37 +1,38 @@
-"""Artifacts survive an interrupted write: the old one stays loadable or the new one is complete."""
+"""Artifacts survive an interrupted write: the old one stays loadable or the new one is complete.
+
+Two kinds of kill, each in a forked child of this process (so no trial pays for importing torch
+again) that is SIGKILLed: at random instants of saves made back to back (the bank set and the
+checkpoint are big enough for a save to take a while), and just before each step of one save
+that changes the file system (a rename, an exchange, a removal, a new folder), found by an
+audit hook. After every kill the folder must load as the old artifact or the new one.
+"""
 
 from __future__ import annotations
 
+import itertools
+import os
 import random
+import select
 import signal
 import subprocess
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from hf_memory import BankSet, BankSetFormatError, MemoryBank
+from hf_memory import BankSet, MemoryBank
 from hf_memory.artifacts import atomic_files
 
-REPO = Path(__file__).resolve().parents[1]
-WRITER = """
-import sys
-from tests.test_crash_safety import _bank_set
 
-sets = [_bank_set(1), _bank_set(2)]
-for i in range(10_000):
-    sets[i % 2].save_pretrained(sys.argv[1])
-    print(i, flush=True)
-"""
-
-
-def _bank_set(seed: int) -> BankSet:
-    """~33 MB of keys and values ([4, 4, 4096, 64] float32 each), so a save takes long enough
-    for a kill to land inside it."""
+def _bank_set(seed: int, size: int = 4096) -> BankSet:
+    """~33 MB of keys and values ([4, 4, 4096, 64] float32 each) by default, so a save takes
+    long enough for a kill to land inside it."""
     g = torch.Generator().manual_seed(seed)
-    keys, values = (torch.randn(4, 4, 4096, 64, generator=g) for _ in range(2))
+    keys, values = (torch.randn(4, 4, size, 64, generator=g) for _ in range(2))
     return BankSet([MemoryBank.from_tensors(keys, values, name="big", layers=(0, 1, 2, 3))])
 
 
@@ -39,43 +40,152 @@ def _partial_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".partial"))
 
 
-def _kill_mid_save(script: str, folder: Path, delay: float) -> None:
-    """Run ``script`` (saving into ``folder`` over and over, printing after each save) until it
-    has finished one save and started the next, wait ``delay`` seconds, then SIGKILL it."""
-    writer = subprocess.Popen([sys.executable, "-c", script, str(folder)], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True)
+def _fork(work: Callable[[int], None]) -> tuple[int, int]:
+    """Run ``work(fd)`` in a forked child (``fd``: the write end of a pipe); return the child's
+    pid and the read end. The child never returns into pytest: it exits 0 when ``work`` does,
+    1 if it raised."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(read)
+            work(write)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    return pid, read
+
+
+def _kill_mid_save(saves: list[Callable[[], object]], folder: Path, delay: float,
+                   writing: Callable[[Path], object] = _partial_files) -> None:
+    """Make the saves in ``saves`` in turn, over and over, in a child until it has finished one
+    and started the next (``writing(folder)`` is true: by default a partial file is there), wait
+    ``delay`` seconds, then SIGKILL it."""
+    def work(fd: int) -> None:
+        for i in itertools.count():
+            saves[i % len(saves)]()
+            os.write(fd, b".")
+
+    pid, read = _fork(work)
     try:
-        assert writer.stdout.readline().strip().isdigit()  # one complete save on disk
+        ready, _, _ = select.select([read], [], [], 60)
+        assert ready and os.read(read, 1) == b".", "the writer never finished a save"
         deadline = time.monotonic() + 60
-        while not _partial_files(folder):  # the next save is writing now
+        while not writing(folder):  # the next save is writing now
             assert time.monotonic() < deadline, "the writer never started another save"
             time.sleep(0.0005)
         time.sleep(delay)
     finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+
+
+# What changes what a reader of a folder sees (os.replace raises "os.rename").
+_STEPS = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree",
+          "ctypes.call_function"}
+
+
+def _killed_before_step(save: Callable[[], object], step: int) -> bool:
+    """Run ``save`` in a child that SIGKILLs itself just before its ``step``-th (from 1) file
+    system change; True if it was killed, False if the save finished first."""
+    def work(fd: int) -> None:
+        seen = 0
+
+        def hook(event: str, args: tuple) -> None:
+            nonlocal seen
+            if event in _STEPS:
+                seen += 1
+                if seen == step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        sys.addaudithook(hook)
+        save()
+
+    pid, read = _fork(work)
+    os.close(read)
+    deadline = time.monotonic() + 60
+    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the save never finished")
+        time.sleep(0.001)
+    if os.WIFSIGNALED(status[1]):
+        assert os.WTERMSIG(status[1]) == signal.SIGKILL
+        return True
+    assert os.WEXITSTATUS(status[1]) == 0, "the save raised"
+    return False
+
+
+def _bank_hash(folder: Path) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warning of a config.json left by a killed save
+        return BankSet.from_pretrained(folder).banks[0].content_hash()
 
 
 @pytest.mark.slow
-def test_a_killed_save_leaves_the_old_bank_set_or_the_new_one(tmp_path):
-    expected = {_bank_set(seed).banks[0].content_hash() for seed in (1, 2)}
+def test_a_save_killed_at_a_random_instant_leaves_the_old_bank_set_or_the_new_one(tmp_path):
+    sets = [_bank_set(1), _bank_set(2)]
+    expected = {bank_set.banks[0].content_hash() for bank_set in sets}
     rng = random.Random(0)
-    outcomes = []
-    for _ in range(4):
-        _kill_mid_save(WRITER, tmp_path, rng.uniform(0.0, 0.02))
-        try:
-            loaded = BankSet.from_pretrained(tmp_path)
-        except BankSetFormatError as error:  # only in the instant between the two renames
-            assert "content hash" in str(error)
-            outcomes.append("refused")
-        else:
-            assert loaded.banks[0].content_hash() in expected
-            outcomes.append("loaded")
-    assert outcomes.count("loaded") >= 3, outcomes
+    for trial in range(24):
+        _kill_mid_save([lambda s=s: s.save_pretrained(tmp_path) for s in sets], tmp_path,
+                       rng.uniform(0.0, 0.15))
+        assert _bank_hash(tmp_path) in expected, trial
     _bank_set(3).save_pretrained(tmp_path)  # the next save clears what a killed one left
     assert _partial_files(tmp_path) == []
-    assert BankSet.from_pretrained(tmp_path).banks[0].content_hash() == (
-        _bank_set(3).banks[0].content_hash())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "README.md", "banks.safetensors", "config.json"]
+    assert _bank_hash(tmp_path) == _bank_set(3).banks[0].content_hash()
+
+
+def test_a_bank_set_save_killed_before_any_of_its_steps_leaves_the_old_or_the_new(tmp_path):
+    old, new, third = (_bank_set(seed, size=8) for seed in (1, 2, 3))
+    outcomes = []
+    for step in itertools.count(1):
+        folder = tmp_path / str(step)
+        old.save_pretrained(folder)
+        killed = _killed_before_step(lambda f=folder: new.save_pretrained(f), step)
+        loaded = _bank_hash(folder)
+        assert loaded in {old.banks[0].content_hash(), new.banks[0].content_hash()}, step
+        outcomes.append("new" if loaded == new.banks[0].content_hash() else "old")
+        third.save_pretrained(folder)
+        assert _partial_files(folder) == [] and _bank_hash(folder) == third.banks[0].content_hash()
+        if not killed:
+            break
+    # the weights' rename is the save: before it the old set, after it the new one
+    assert outcomes[0] == "old" and outcomes[-1] == "new" and len(outcomes) >= 4, outcomes
+    assert outcomes == sorted(outcomes, key=["old", "new"].index), outcomes
+
+
+def _safetensors_temporary(folder: Path) -> list[Path]:
+    """The temporary file the safetensors library writes and then renames (``.tmpXXXXXX``),
+    in ``folder`` or in a partial folder in it."""
+    return [*folder.glob(".tmp*"), *folder.glob(f"*{atomic_files._SUFFIX}/.tmp*")]
+
+
+def test_a_save_killed_while_safetensors_writes_leaves_no_stray_file(tmp_path):
+    sets = [_bank_set(1), _bank_set(2)]
+    for _ in range(2):
+        _kill_mid_save([lambda s=s: s.save_pretrained(tmp_path) for s in sets], tmp_path, 0.0,
+                       writing=_safetensors_temporary)
+        assert _bank_hash(tmp_path) in {s.banks[0].content_hash() for s in sets}
+    sets[0].save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "README.md", "banks.safetensors", "config.json"]
+
+
+def test_new_weights_beside_an_older_config_load_as_the_new_bank_set(tmp_path):
+    old, new = _bank_set(1, size=8), _bank_set(2, size=8)
+    old.save_pretrained(tmp_path / "old")
+    new.save_pretrained(tmp_path / "new")
+    os.replace(tmp_path / "new" / "banks.safetensors", tmp_path / "old" / "banks.safetensors")
+    with pytest.warns(UserWarning, match="does not describe the banks beside it"):
+        loaded = BankSet.from_pretrained(tmp_path / "old")
+    assert loaded.banks[0].content_hash() == new.banks[0].content_hash()
 
 
 def test_a_save_that_fails_midway_changes_nothing(tmp_path, monkeypatch):
@@ -119,48 +229,64 @@ def test_a_save_leaves_a_live_writers_partial_file_and_removes_a_dead_ones(tmp_p
         sleeper.wait()
 
 
-CHECKPOINT_WRITER = """
-import sys
-from pathlib import Path
-from modeling.checkpoints import save_pretrained_atomically
-from tests.test_crash_safety import _arith_model
-
-models = [_arith_model(1), _arith_model(2)]
-for i in range(10_000):
-    save_pretrained_atomically(models[i % 2], Path(sys.argv[1]) / "checkpoint")
-    print(i, flush=True)
-"""
-
-
-def _arith_model(seed: int):
-    """An ArithTransformer of ~25 MB, so a save takes long enough for a kill to land in it."""
+def _arith_model(seed: int, width: int = 512):
+    """An ArithTransformer of ~25 MB by default, so a save takes long enough for a kill to land
+    in it."""
     from modeling.arith import ArithConfig, ArithTransformer
 
     torch.manual_seed(seed)
-    return ArithTransformer(ArithConfig(hidden_size=512, head_dim=512, intermediate_size=2048))
+    return ArithTransformer(ArithConfig(hidden_size=width, head_dim=width,
+                                        intermediate_size=4 * width))
+
+
+def _which_checkpoint(folder: Path, states: list[dict]) -> int:
+    """The index in ``states`` of the weights ``folder`` loads (a checkpoint must be there)."""
+    from modeling.arith import ArithTransformer
+
+    assert folder.is_dir(), f"{folder} is gone"
+    state = ArithTransformer.from_pretrained(folder).state_dict()
+    found = [i for i, ref in enumerate(states)
+             if state.keys() == ref.keys() and all(torch.equal(state[k], ref[k]) for k in ref)]
+    assert found, f"{folder} holds neither checkpoint"
+    return found[0]
 
 
 @pytest.mark.slow
-def test_a_killed_checkpoint_save_leaves_the_old_checkpoint_or_the_new_one(tmp_path):
-    from modeling.arith import ArithTransformer
+def test_a_checkpoint_save_killed_at_a_random_instant_leaves_the_old_or_the_new(tmp_path):
     from modeling.checkpoints import save_pretrained_atomically
 
-    expected = [_arith_model(seed).state_dict() for seed in (1, 2)]
+    models = [_arith_model(seed) for seed in (1, 2)]
+    states = [model.state_dict() for model in models]
     rng = random.Random(0)
-    outcomes = []
-    for _ in range(4):
-        _kill_mid_save(CHECKPOINT_WRITER, tmp_path, rng.uniform(0.0, 0.05))
-        if not (tmp_path / "checkpoint").exists():  # only between the two renames of a swap
-            outcomes.append("moved aside")
-            continue
-        state = ArithTransformer.from_pretrained(tmp_path / "checkpoint").state_dict()
-        assert any(all(torch.equal(state[k], ref[k]) for k in ref) for ref in expected)
-        outcomes.append("loaded")
-    assert outcomes.count("loaded") >= 3, outcomes
-    save_pretrained_atomically(_arith_model(3), tmp_path / "checkpoint")
+    for trial in range(30):
+        _kill_mid_save([lambda m=m: save_pretrained_atomically(m, tmp_path / "checkpoint")
+                        for m in models], tmp_path, rng.uniform(0.0, 0.03))
+        assert _which_checkpoint(tmp_path / "checkpoint", states) in (0, 1), trial
+    third = _arith_model(3)
+    save_pretrained_atomically(third, tmp_path / "checkpoint")
     assert _partial_files(tmp_path) == []  # the next save clears what a killed one left
-    state = ArithTransformer.from_pretrained(tmp_path / "checkpoint").state_dict()
-    assert all(torch.equal(v, _arith_model(3).state_dict()[k]) for k, v in state.items())
+    assert _which_checkpoint(tmp_path / "checkpoint", [third.state_dict()]) == 0
+
+
+def test_a_checkpoint_save_killed_before_any_of_its_steps_leaves_the_old_or_the_new(tmp_path):
+    from modeling.checkpoints import save_pretrained_atomically
+
+    old, new, third = (_arith_model(seed, width=8) for seed in (1, 2, 3))
+    states = [old.state_dict(), new.state_dict()]
+    outcomes = []
+    for step in itertools.count(1):
+        folder = tmp_path / str(step)
+        save_pretrained_atomically(old, folder / "checkpoint")
+        killed = _killed_before_step(
+            lambda f=folder: save_pretrained_atomically(new, f / "checkpoint"), step)
+        outcomes.append(["old", "new"][_which_checkpoint(folder / "checkpoint", states)])
+        save_pretrained_atomically(third, folder / "checkpoint")
+        assert sorted(p.name for p in folder.iterdir()) == ["checkpoint"]
+        assert _which_checkpoint(folder / "checkpoint", [third.state_dict()]) == 0
+        if not killed:
+            break
+    assert outcomes[0] == "old" and outcomes[-1] == "new" and len(outcomes) >= 4, outcomes
+    assert outcomes == sorted(outcomes, key=["old", "new"].index), outcomes
 
 
 def test_a_checkpoint_save_that_fails_midway_keeps_the_old_one(tmp_path):

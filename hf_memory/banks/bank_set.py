@@ -8,6 +8,19 @@ Directory layout (``save_pretrained``)::
     banks.safetensors  ``{i}.keys`` / ``{i}.values`` ``[L_b, KVH, M, D]`` (+ ``{i}.phases`` or
                        ``{i}.positions`` ``[M]``)
     README.md          a bank card that discloses the steering content
+
+A save is one atomic step: ``banks.safetensors`` is written beside itself and renamed over the
+old one, and it carries the whole config in its safetensors metadata (``hf_memory.config``);
+``config.json`` and ``README.md`` are then rewritten from the same config, each atomically. A
+save killed after the weights' rename and before the config's leaves new weights beside the old
+``config.json``, whose recorded content hashes are not those the weights carry:
+:meth:`BankSet.from_pretrained` then loads the config the weights carry. So a killed save
+leaves the old bank set or the new one, never neither (the card may lag until the next save).
+The file names and ``config.json`` are those of every earlier version: folders saved before the
+weights carried their config load as they did, and earlier readers read these folders. A save
+adds no files, so repeated saves leave nothing behind. Naming files by content under a manifest
+would have changed the layout that older readers and the Hub's ``allow_patterns`` rely on, and
+replacing the folder whole would drop what else lives in it (a persona keeps its selector there).
 """
 
 from __future__ import annotations
@@ -19,8 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from hf_memory.artifacts.atomic_files import write_json, write_safetensors, write_text
@@ -36,6 +48,7 @@ CONTRAST_FORMAT_VERSION = 2  # contrast sets: older readers refuse them rather t
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "banks.safetensors"
 CARD_NAME = "README.md"
+CARRIED_CONFIG = "hf_memory.config"  # the weights' metadata key holding config.json's record
 _CONFIG_KEYS = {"format_version", "library", "library_version", "kind", "fingerprint", "gamma",
                 "size_normalize", "contrast", "banks"}
 _BANK_KEYS = {"name", "role", "gain", "layers", "num_slots", "num_kv_heads", "head_dim",
@@ -158,9 +171,9 @@ class BankSet:
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
         """Write ``banks.safetensors``, ``config.json`` and a ``README.md`` bank card.
 
-        Each file is written atomically, the tensors before the config that names their content
-        hashes, so a killed save leaves the previous bank set or the new one, and in the instant
-        between the two renames a mix that :meth:`from_pretrained` refuses by its hashes."""
+        Each file is written atomically, the tensors first: they carry the config, so the
+        rename that puts them in place is the save (see the module docstring), and a killed
+        save leaves the previous bank set or the new one."""
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {}
@@ -171,7 +184,8 @@ class BankSet:
                 if getattr(bank, label) is not None:
                     tensors[f"{i}.{label}"] = getattr(bank, label).detach().contiguous().cpu()
         config = self._config()
-        write_safetensors(directory / WEIGHTS_NAME, tensors, metadata={"format": "pt"})
+        write_safetensors(directory / WEIGHTS_NAME, tensors, metadata={
+            "format": "pt", CARRIED_CONFIG: json.dumps(config, sort_keys=True)})
         write_json(directory / CONFIG_NAME, config)
         write_text(directory / CARD_NAME, render_bank_card(config))
         return directory
@@ -200,9 +214,18 @@ class BankSet:
                 allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME]))
         config = _read_config(directory)
         try:
-            tensors = load_file(directory / WEIGHTS_NAME)
+            with safe_open(directory / WEIGHTS_NAME, framework="pt") as weights:
+                carried = (weights.metadata() or {}).get(CARRIED_CONFIG)
+                tensors = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
         except (SafetensorError, OSError) as error:
             raise BankSetFormatError(f"{directory / WEIGHTS_NAME} is unreadable: {error}") from None
+        if carried is not None:  # weights saved with their config: the save's one atomic step
+            carried = _read_config(directory, carried)
+            if _hashes(carried) != _hashes(config):  # a save killed before config.json's rename
+                warnings.warn(f"{directory / CONFIG_NAME} does not describe the banks beside it "
+                              "(a save was interrupted, or the file was edited); loading the "
+                              f"config {WEIGHTS_NAME} carries", stacklevel=2)
+                config = carried
         banks = []
         for i, meta in enumerate(config["banks"]):
             unknown = set(meta) - _BANK_KEYS
@@ -254,10 +277,18 @@ def _check_contrast(banks: Sequence[MemoryBank]) -> None:
                          f"{list(target.layers)}, the reference {list(reference.layers)}")
 
 
-def _read_config(directory: Path) -> dict[str, Any]:
-    path = directory / CONFIG_NAME
+def _hashes(config: dict[str, Any]) -> list[Any] | None:
+    banks = config["banks"]
+    return [bank.get("content_hash") if isinstance(bank, dict) else None
+            for bank in banks] if isinstance(banks, list) else None
+
+
+def _read_config(directory: Path, carried: str | None = None) -> dict[str, Any]:
+    """``config.json`` of ``directory``, checked; given ``carried`` (the config the weights
+    carry), that text, checked the same way."""
+    path = directory / (CONFIG_NAME if carried is None else WEIGHTS_NAME)
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text() if carried is None else carried)
     except FileNotFoundError:
         raise BankSetFormatError(f"{directory} holds no {CONFIG_NAME}") from None
     except ValueError as error:
