@@ -63,14 +63,41 @@ save_file(outputs, {out!r})
 """
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def _start_hub(root: Path) -> HubServer:
+    """The test Hub server, started in ``root``. Where it cannot start the test is skipped with
+    the reason, except under CI (``CI=true``), where the Hub tests must run: there it fails."""
     pytest.importorskip("olah", reason="the test Hub server (olah) is not installed")
     try:
-        with HubServer(tmp_path_factory.mktemp("hub")) as server:
-            yield server
+        return HubServer(root).__enter__()
     except RuntimeError as error:
-        pytest.skip(f"the test Hub server could not start: {error}")
+        reason = f"the test Hub server could not start: {error}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI=true: there the Hub tests must run, not skip)",
+                        pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    server = _start_hub(tmp_path_factory.mktemp("hub"))
+    try:
+        yield server
+    finally:
+        server.__exit__()
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),
+                                         (None, pytest.skip.Exception)], ids=["CI", "local"])
+def test_a_hub_server_that_cannot_start_fails_under_ci_and_skips_elsewhere(
+        tmp_path, monkeypatch, ci, outcome):
+    pytest.importorskip("olah", reason="the test Hub server (olah) is not installed")
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    root = tmp_path / 'a "quoted" folder'  # not a TOML string olah can read: it exits at once
+    with pytest.raises(outcome, match="the test Hub server could not start: olah exited"):
+        _start_hub(root)
 
 
 def _fresh_process(hub, tmp_path, body: str, inputs: dict, blocked: set[str]) -> dict:
