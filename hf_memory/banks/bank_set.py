@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
@@ -202,8 +203,16 @@ class BankSet:
     ) -> BankSet:
         """Load a saved bank set (a local directory, or a Hub repo id through the Hub cache).
 
-        With ``model``, the fingerprint and shapes are checked against it. Corrupt or
-        inconsistent files raise :class:`BankSetFormatError`.
+        With ``model``, the fingerprint and shapes are checked against it.
+
+        Raises:
+            BankSetFormatError: a file is missing, truncated, corrupt (tensor data that does
+                not match its recorded content hash, NaN or inf, a dtype other than float16,
+                bfloat16, float32 or float64) or inconsistent (entries of the wrong type,
+                shapes that disagree).
+            FingerprintMismatchError: (with ``model``) the set was made for another model.
+            ValueError: (with ``model``, a set saved without a fingerprint) its banks' KV heads,
+                head width or layers do not fit ``model``.
         """
         directory = Path(path_or_repo)
         if not directory.is_dir():
@@ -228,25 +237,34 @@ class BankSet:
                 config = carried
         banks = []
         for i, meta in enumerate(config["banks"]):
+            if not isinstance(meta, dict):
+                raise BankSetFormatError(f"bank {i} in {directory} is not a JSON object")
             unknown = set(meta) - _BANK_KEYS
             if unknown:
                 warnings.warn(f"bank {i}: ignoring unknown keys {sorted(unknown)}", stacklevel=2)
             try:
+                _check_bank_entry(meta, i, tensors)
                 bank = MemoryBank(
                     name=meta["name"], role=meta["role"], gain=meta["gain"],
                     layers=tuple(meta["layers"]), keys=tensors[f"{i}.keys"],
                     values=tensors[f"{i}.values"], phases=tensors.get(f"{i}.phases"),
                     positions=tensors.get(f"{i}.positions"), provenance=meta["provenance"])
+                recorded = meta["content_hash"]
             except KeyError as error:
                 raise BankSetFormatError(f"bank {i} in {directory} lacks {error}") from None
-            if bank.content_hash() != meta["content_hash"]:
+            except (ValueError, OverflowError) as error:  # MemoryBank's checks, a huge gain
+                raise BankSetFormatError(f"bank {i} in {directory}: {error}") from None
+            if bank.content_hash() != recorded:
                 raise BankSetFormatError(
                     f"bank {meta['name']!r} in {directory} does not match its recorded content "
                     "hash: the file is corrupt or was edited")
             banks.append(bank)
-        bank_set = cls(banks, fingerprint=config["fingerprint"], gamma=config["gamma"],
-                       size_normalize=config["size_normalize"],
-                       contrast=config.get("contrast", False))
+        try:
+            bank_set = cls(banks, fingerprint=config["fingerprint"], gamma=config["gamma"],
+                           size_normalize=config["size_normalize"],
+                           contrast=config.get("contrast", False))
+        except (ValueError, OverflowError) as error:  # duplicate names, a huge gamma, ...
+            raise BankSetFormatError(f"{directory / CONFIG_NAME}: {error}") from None
         if model is not None:
             bank_set.check_model(model)
         return bank_set
@@ -277,6 +295,35 @@ def _check_contrast(banks: Sequence[MemoryBank]) -> None:
                          f"{list(target.layers)}, the reference {list(reference.layers)}")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_bank_entry(meta: dict[str, Any], i: int, tensors: dict[str, Any]) -> None:
+    """Raise ``ValueError`` (``KeyError`` for a missing entry) where bank ``i``'s entry or
+    tensors have the wrong type: what ``MemoryBank`` would coerce or trip over."""
+    if not _is_number(meta["gain"]):
+        raise ValueError(f"gain must be a number, got {meta['gain']!r:.40}")
+    layers = meta["layers"]
+    if not isinstance(layers, list) or not layers or not all(
+            isinstance(layer, int) and not isinstance(layer, bool) for layer in layers):
+        raise ValueError(f"layers must be a non-empty list of integers, got {layers!r:.80}")
+    # the content hash covers the tensors' bytes and the keys' dtype, not the dtype of phases
+    # or positions: a positions tensor read as floats would hash the same
+    for label, dtypes, kind in (("keys", _FLOATS, "float"), ("values", _FLOATS, "float"),
+                                ("phases", _FLOATS, "float"), ("positions", _INTS, "integer")):
+        tensor = tensors.get(f"{i}.{label}")
+        if label in ("keys", "values") and tensor is None:
+            raise KeyError(f"{i}.{label}")
+        if tensor is not None and tensor.dtype not in dtypes:
+            raise ValueError(f"{label} are {tensor.dtype}, not a {kind} type of "
+                             f"{[str(d).removeprefix('torch.') for d in dtypes]}")
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INTS = (torch.int16, torch.int32, torch.int64)
+
+
 def _hashes(config: dict[str, Any]) -> list[Any] | None:
     banks = config["banks"]
     return [bank.get("content_hash") if isinstance(bank, dict) else None
@@ -291,7 +338,9 @@ def _read_config(directory: Path, carried: str | None = None) -> dict[str, Any]:
         config = json.loads(path.read_text() if carried is None else carried)
     except FileNotFoundError:
         raise BankSetFormatError(f"{directory} holds no {CONFIG_NAME}") from None
-    except ValueError as error:
+    except OSError as error:
+        raise BankSetFormatError(f"{path} is unreadable: {error}") from None
+    except (ValueError, RecursionError) as error:  # RecursionError: JSON nested too deep
         raise BankSetFormatError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(config, dict) or config.get("kind") != "memory_inception_bank_set":
         raise BankSetFormatError(f"{path} does not describe a memory-inception bank set")
@@ -308,4 +357,13 @@ def _read_config(directory: Path, carried: str | None = None) -> dict[str, Any]:
     unknown = set(config) - _CONFIG_KEYS
     if unknown:
         warnings.warn(f"{path}: ignoring unknown keys {sorted(unknown)}", stacklevel=3)
+    if not isinstance(config["banks"], list):
+        raise BankSetFormatError(f"{path}: banks must be a list, got {config['banks']!r:.80}")
+    if config["fingerprint"] is not None and not isinstance(config["fingerprint"], dict):
+        raise BankSetFormatError(f"{path}: fingerprint must be an object or null, got "
+                                 f"{config['fingerprint']!r:.80}")
+    if not _is_number(config["gamma"]) or not isinstance(config["size_normalize"], bool):
+        raise BankSetFormatError(f"{path}: gamma must be a number and size_normalize true or "
+                                 f"false, got {config['gamma']!r:.40} and "
+                                 f"{config['size_normalize']!r:.40}")
     return config

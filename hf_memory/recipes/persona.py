@@ -64,7 +64,7 @@ from hf_memory.selection.defaults import CAPABILITY_SLACK, DEFAULT_KV_CEILING
 from hf_memory.selection.selector import Selector
 
 __all__ = ["CAA_LAYERS", "CAA_SCALES", "CAPABILITY_SLACK", "DEFAULT_KV_CEILING",
-           "DEFAULT_RECIPES", "RECIPES", "PersonaSteering", "calibrate_caa",
+           "DEFAULT_RECIPES", "RECIPES", "PersonaFormatError", "PersonaSteering", "calibrate_caa",
            "calibrate_persona", "exemplar_text", "judge_replies", "persona_banks"]
 
 MAX_EXEMPLARS = 8
@@ -112,6 +112,10 @@ def persona_banks(model, tokenizer, text: str, *, recipe: str = "prompt_like",
     return BankSet(banks, model=model, size_normalize=spec["size_normalize"], contrast=contrast)
 
 
+class PersonaFormatError(ValueError):
+    """A persona folder's ``persona.json`` is missing, corrupt or malformed."""
+
+
 @dataclass
 class PersonaSteering:
     """What :func:`calibrate_persona` found: the chosen recipe's banks and selector, and every
@@ -144,12 +148,39 @@ class PersonaSteering:
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, *, model=None) -> PersonaSteering:
+        """Load a persona folder written by :meth:`save_pretrained` (with ``model``: checked
+        against it).
+
+        Raises:
+            PersonaFormatError: ``persona.json`` is missing, not JSON, or an entry has the wrong
+                type (``recipe`` one of :data:`RECIPES`, ``trials`` a list of objects,
+                ``limits`` an object, ``judged`` an object or null). It has no content hash: a
+                well-formed edit of its trials loads as written.
+            BankSetFormatError: the folder's bank set is missing or corrupt.
+            SelectorFormatError: its ``selector/`` is missing or corrupt.
+            FingerprintMismatchError: (with ``model``) they were made for another model.
+        """
         directory = Path(directory)
-        report = json.loads((directory / REPORT_NAME).read_text())
+        path = directory / REPORT_NAME
+        try:
+            report = json.loads(path.read_text())
+        except OSError as error:
+            raise PersonaFormatError(f"{path} is unreadable: {error}") from None
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
+            raise PersonaFormatError(f"{path} is not valid JSON: {error}") from None
+        if not isinstance(report, dict) or not isinstance(report.get("recipe"), str) or (
+                report["recipe"] not in RECIPES):
+            raise PersonaFormatError(f"{path} is not a persona report: its recipe must be one "
+                                     f"of {sorted(RECIPES)}")
+        trials, limits = report.get("trials"), report.get("limits", {})
+        judged = report.get("judged")
+        if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials) or (
+                not isinstance(limits, dict)) or not (judged is None or isinstance(judged, dict)):
+            raise PersonaFormatError(f"{path}: trials must be a list of objects, limits an "
+                                     "object and judged an object or null")
         return cls(BankSet.from_pretrained(directory, model=model),
                    Selector.from_pretrained(directory / "selector", model=model),
-                   report["recipe"], report["trials"], report.get("limits", {}),
-                   report.get("judged"))
+                   report["recipe"], trials, limits, judged)
 
 
 def _trial(recipe: str, selector: Selector, exemplars: int, prompt_bytes: int

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,7 +125,16 @@ class Selector:
                         token: str | None = None,
                         cache_dir: str | os.PathLike | None = None) -> Selector:
         """Load a saved selector (a local directory, or a Hub repo id at ``revision`` through
-        the Hub cache); with ``model``, check it was calibrated on that model."""
+        the Hub cache); with ``model``, check it was calibrated on that model.
+
+        Raises:
+            SelectorFormatError: a file is missing, truncated or corrupt, or an entry has the
+                wrong type or disagrees with the others (layers, units and gains; the
+                diagnostics' rows and the candidate layers; layers or units beyond the recorded
+                fingerprint's model). The record has no content hash: an edit that keeps every
+                entry well-formed loads as written.
+            FingerprintMismatchError: (with ``model``) it was calibrated on another model.
+        """
         directory = Path(path_or_repo)
         if not directory.is_dir() and not directory.is_absolute() and (
                 str(path_or_repo).count("/") == 1):
@@ -139,13 +149,15 @@ class Selector:
         try:
             record = json.loads((directory / CONFIG_NAME).read_text())
             diagnostics = load_file(directory / DIAGNOSTICS_NAME)
-        except (ValueError, SafetensorError, OSError) as error:
+        except (ValueError, RecursionError, SafetensorError, OSError) as error:
+            # (RecursionError: JSON nested too deep)
             raise SelectorFormatError(f"{directory} holds a corrupt selector: {error}") from None
-        if record.get("kind") != "memory_inception_selector" or (
+        if not isinstance(record, dict) or record.get("kind") != "memory_inception_selector" or (
                 record.get("format_version") != FORMAT_VERSION):
             raise SelectorFormatError(f"{directory / CONFIG_NAME} is not a version "
                                       f"{FORMAT_VERSION} memory-inception selector")
         try:
+            _check_record(record, diagnostics)
             selector = cls(
                 layers=list(record["layers"]),
                 units={int(k): list(v) for k, v in record["units"].items()},
@@ -156,7 +168,7 @@ class Selector:
                 strength=float(record.get("strength", 1.0)))
         except KeyError as error:
             raise SelectorFormatError(f"{directory / CONFIG_NAME} lacks {error}") from None
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, OverflowError) as error:
             raise SelectorFormatError(f"{directory / CONFIG_NAME} holds a malformed entry: "
                                       f"{error}") from None
         if sorted(selector.units) != selector.layers or sorted(selector.layer_gains) != (
@@ -178,3 +190,51 @@ class Selector:
 
         return upload_saved(self.save_pretrained, repo_id, private=private, token=token,
                             commit_message=commit_message)
+
+
+def _integers(value: Any, what: str, *, limit: Any = None) -> None:
+    """Raise ``ValueError`` unless ``value`` is a list of distinct integers in [0, limit)."""
+    if not isinstance(value, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value) or (
+            len(set(value)) != len(value)):
+        raise ValueError(f"{what} must be a list of distinct non-negative integers, got "
+                         f"{value!r:.80}")
+    if isinstance(limit, int) and value and max(value) >= limit:
+        raise ValueError(f"{what} {value!r:.80} reach past the model's {limit}")
+
+
+def _check_record(record: dict[str, Any], diagnostics: dict[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` (``KeyError`` for a missing entry) where a selector record's entries
+    have the wrong type, or reach past the model its fingerprint records."""
+    fingerprint = record["fingerprint"]
+    if fingerprint is not None and not isinstance(fingerprint, dict):
+        raise ValueError(f"fingerprint must be an object or null, got {fingerprint!r:.80}")
+    fingerprint = fingerprint or {}
+    if record["unit_type"] not in ("head", "kv_group"):
+        raise ValueError(f"unit_type must be 'head' or 'kv_group', got {record['unit_type']!r:.40}")
+    _integers(record["layers"], "layers", limit=fingerprint.get("num_hidden_layers"))
+    _integers(record["candidate_layers"], "candidate_layers",
+              limit=fingerprint.get("num_hidden_layers"))
+    if record["layers"] != sorted(record["layers"]):
+        raise ValueError(f"layers must be ascending, got {record['layers']!r:.80}")
+    units, gains = record["units"], record["layer_gains"]
+    if not isinstance(units, dict) or not isinstance(gains, dict):
+        raise ValueError("units and layer_gains must be objects keyed by layer")
+    heads = fingerprint.get("num_attention_heads" if record["unit_type"] == "head"
+                            else "num_key_value_heads")
+    for layer, selected in units.items():
+        _integers(selected, f"units of layer {layer}", limit=heads)
+    for layer, gain in gains.items():
+        if isinstance(gain, bool) or not isinstance(gain, int | float) or not math.isfinite(gain):
+            raise ValueError(f"the gain of layer {layer} must be a finite number, got "
+                             f"{gain!r:.40}")
+    strength = record.get("strength", 1.0)
+    if isinstance(strength, bool) or not isinstance(strength, int | float):
+        raise ValueError(f"strength must be a number, got {strength!r:.40}")
+    if not isinstance(record["config"], dict):
+        raise ValueError(f"config must be an object, got {record['config']!r:.80}")
+    for name, table in diagnostics.items():  # rows: the candidate layers (NaN: not scored)
+        if table.dim() < 1 or len(table) != len(record["candidate_layers"]) or (
+                table.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64)):
+            raise ValueError(f"diagnostics {name!r} must be a float table with one row per "
+                             f"candidate layer, got {table.dtype} {tuple(table.shape)}")
