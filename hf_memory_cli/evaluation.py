@@ -164,21 +164,11 @@ def _ffn_memories(args: argparse.Namespace, model, tokenizer, out: Path) -> Path
 
 
 def _dialogue_shift(args: argparse.Namespace, model, tokenizer, out: Path) -> Path:
-    import json
-
+    from eval_harness.dialogue_shift.cases import load_cases
     from eval_harness.dialogue_shift.task import DialogueShiftConfig, run_dialogue_shift
     from eval_harness.runner import run_task
 
-    cases = None
-    if args.cases is not None:
-        try:
-            cases = json.loads(Path(args.cases).read_text())
-        except OSError as error:
-            raise ValueError(f"cannot read the cases {args.cases}: {error.strerror}") from None
-        except ValueError as error:
-            raise ValueError(f"{args.cases} is not valid JSON: {error}") from None
-        if not isinstance(cases, list) or not cases:
-            raise ValueError(f"{args.cases} must hold a non-empty JSON list of cases")
+    cases = load_cases(args.cases) if args.cases is not None else None
     transitions = args.transitions or (
         sorted({f"{c.get('old')}_to_{c.get('new')}" for c in cases if isinstance(c, dict)})
         if cases else list(TRANSITIONS))

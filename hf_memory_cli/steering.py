@@ -356,13 +356,17 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt or [])
     if args.prompts:
         path = Path(args.prompts)
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise CLIError(f"{path} is not UTF-8 text") from None
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             if line.lstrip().startswith("{"):
                 try:
                     line = json.loads(line)["prompt"]
-                except (json.JSONDecodeError, KeyError, TypeError):
+                except (json.JSONDecodeError, RecursionError, KeyError, TypeError):
                     raise CLIError(f"{path}, line {number}: a JSON line needs a \"prompt\" "
                                    "field") from None
             prompts.append(line)

@@ -132,18 +132,26 @@ def parse_request(extra_args: Mapping[str, Any] | None) -> SteeringRequest | Non
             scale = float(scale)
         except ValueError:
             raise RegistryError(f"{SCALE_ARG} must be a number, got {scale!r}") from None
+    # (an int past a float's range: math.isfinite cannot convert it)
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not (
-            math.isfinite(scale) and scale > 0):
-        raise RegistryError(f"{SCALE_ARG} must be a finite number > 0, got {scale!r}")
+            (isinstance(scale, float) or abs(scale) < 2**1023) and math.isfinite(scale)
+            and scale > 0):
+        raise RegistryError(f"{SCALE_ARG} must be a finite number > 0, got {scale!r:.40}")
     return SteeringRequest(bank_set, selector, float(scale))
 
 
 class Registry:
-    """A loaded registry: the served model's fingerprint and the artifacts' directories."""
+    """A loaded registry: the served model's fingerprint and the artifacts' directories.
+
+    A registry that is not JSON, or whose entries have the wrong type, raises
+    :class:`RegistryError` here; one whose artifacts are missing, corrupt or made for another
+    model raises it from :meth:`validate`.
+    """
 
     def __init__(self, record: dict[str, Any], path: Path) -> None:
         self.path = path
-        if record.get("kind") != KIND or record.get("format_version") != FORMAT_VERSION:
+        if not isinstance(record, dict) or record.get("kind") != KIND or (
+                record.get("format_version") != FORMAT_VERSION):
             raise RegistryError(f"{path} is not a version {FORMAT_VERSION} hf-memory vLLM "
                                 "registry (write one with hf_memory_vllm.write_registry)")
         try:
@@ -152,6 +160,7 @@ class Registry:
             self.selectors: dict[str, str] = record.get("selectors", {})
         except KeyError as error:
             raise RegistryError(f"{path} lacks {error}") from None
+        _check_record(record, path)
         self.max_slot_layers = _check_limit(
             record.get("limits", {}).get("max_slot_layers", DEFAULT_MAX_SLOT_LAYERS))
 
@@ -166,7 +175,9 @@ class Registry:
             record = json.loads(path.read_text())
         except FileNotFoundError:
             raise RegistryError(f"no registry at {path} (${REGISTRY_ENV})") from None
-        except ValueError as error:
+        except OSError as error:
+            raise RegistryError(f"cannot read the registry {path}: {error}") from None
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
             raise RegistryError(f"{path} is not valid JSON: {error}") from None
         if not isinstance(record, dict):
             raise RegistryError(f"{path} does not hold a registry object")
@@ -194,6 +205,9 @@ class Registry:
                                 f"{sorted(self.selectors)}")
         entry = self.bank_sets[request.bank_set]
         selector = self.selector_dir(request)
+        for directory in (entry["banks"], selector):  # a local folder, never a Hub id
+            if directory is not None and not os.path.isdir(directory):
+                raise RegistryError(f"{request.bank_set!r}: {directory} is not a directory")
         try:
             bank_set = _bank_set(entry["banks"], _mtime(entry["banks"]))
             bank_set.check_fingerprint(self.model, ignore=FINGERPRINT_IGNORES)
@@ -208,6 +222,29 @@ class Registry:
                                 f"{self.model.get('name_or_path')!r})") from None
         except ValueError as error:  # shapes that do not fit the served model
             raise RegistryError(f"{request.bank_set!r}: {error}") from None
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _check_record(record: dict[str, Any], path: Path) -> None:
+    """Raise :class:`RegistryError` unless a registry's entries have the types
+    :func:`write_registry` gives them."""
+    model, bank_sets = record["model"], record["bank_sets"]
+    selectors, limits = record.get("selectors", {}), record.get("limits", {})
+    if not isinstance(model, dict):
+        raise RegistryError(f"{path}: model must be a fingerprint object, got {model!r:.80}")
+    if not isinstance(bank_sets, dict) or not all(
+            isinstance(entry, dict) and _is_path(entry.get("banks"))
+            and (entry.get("selector") is None or _is_path(entry["selector"]))
+            for entry in bank_sets.values()):
+        raise RegistryError(f"{path}: bank_sets must map ids to objects with a banks directory "
+                            "and a selector directory or null")
+    if not isinstance(selectors, dict) or not all(map(_is_path, selectors.values())):
+        raise RegistryError(f"{path}: selectors must map ids to selector directories")
+    if not isinstance(limits, dict):
+        raise RegistryError(f"{path}: limits must be an object, got {limits!r:.80}")
 
 
 def _check_size(name: str, bank_set, limit: int) -> None:

@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SHIFT_TURN", "STYLES", "TRANSITIONS", "check_case", "dialogue_cases",
+__all__ = ["SHIFT_TURN", "STYLES", "TRANSITIONS", "check_case", "dialogue_cases", "load_cases",
            "parse_transition", "shift_request", "style_descriptor", "style_pairs",
            "transition_calibration"]
 
@@ -118,7 +118,7 @@ def check_case(case: Mapping[str, Any], context: int | None = None, tokenizer=No
         raise ValueError(f"case {name}: the old and the new style are the same")
     for field in ("user", "old_replies", "new_replies"):
         texts = case[field]
-        if (isinstance(texts, str) or len(texts) != turns
+        if (not isinstance(texts, list) or len(texts) != turns
                 or not all(isinstance(t, str) and t.strip() for t in texts)):
             raise ValueError(f"case {name}: {field} must be {turns} non-empty texts")
     if context is not None and tokenizer is not None:
@@ -127,6 +127,22 @@ def check_case(case: Mapping[str, Any], context: int | None = None, tokenizer=No
         if total >= context:
             raise ValueError(f"case {name}: about {total} tokens do not fit the model's context "
                              f"of {context} tokens")
+
+
+def load_cases(path: str | Path) -> list[dict[str, Any]]:
+    """A user's cases (``--cases``): a JSON list of rows like :func:`dialogue_cases`'s, each
+    checked by :func:`check_case`. One ``ValueError`` names the file's or the case's problem."""
+    try:
+        cases = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(f"cannot read the cases {path}: {error.strerror}") from None
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(cases, list) or not cases:
+        raise ValueError(f"{path} must hold a non-empty JSON list of cases")
+    for case in cases:
+        check_case(case)
+    return cases
 
 
 def dialogue_cases(transitions: Sequence[str] = TRANSITIONS,

@@ -91,7 +91,7 @@ def load_problems(source: str | Path, *, question_field: str = "question",
                     else [json.loads(line) for line in text.splitlines() if line.strip()])
         except OSError as error:
             raise ValueError(f"cannot read problems from {path}: {error.strerror}") from None
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
             raise ValueError(f"{path} is not valid JSON: {error}") from None
     else:
         from datasets import load_dataset

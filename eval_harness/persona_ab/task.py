@@ -91,7 +91,7 @@ def persona_prompts(data_dir: str | Path | None = None) -> dict[str, dict[str, s
     path = Path(data_dir or DATA_DIR) / "persona_prompts.json"
     try:
         prompts = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested too deep
         raise ValueError(f"cannot read the persona prompts {path}: {error}") from None
     if not isinstance(prompts, dict):
         raise ValueError(f"{path} must map set names to their persona prompts")
@@ -101,6 +101,7 @@ def persona_prompts(data_dir: str | Path | None = None) -> dict[str, dict[str, s
 def _check_item(row: Any, where: str) -> dict[str, str]:
     if (not isinstance(row, dict) or set(row) != {"prompt", "positive", "negative"}
             or not isinstance(row["prompt"], str) or not row["prompt"].strip()
+            or not isinstance(row["positive"], str) or not isinstance(row["negative"], str)
             or sorted((row["positive"], row["negative"])) != list(ANSWERS)):
         raise ValueError(f"{where}: an item is {{\"prompt\": non-empty text, \"positive\" and "
                          f"\"negative\": \"(A)\" and \"(B)\"}}, got {row!r:.120}")
@@ -131,7 +132,7 @@ def load_persona_set(name: str, data_dir: str | Path | None = None) -> list[dict
     for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
             raise ValueError(f"{path} line {number} is not JSON: {error}") from None
         items.append(_check_item(row, f"{path} line {number}"))
     if not items:

@@ -53,6 +53,8 @@ def read_pairs(path: str | os.PathLike) -> list[tuple[str, str, str]]:
             item = json.loads(line)
         except json.JSONDecodeError as error:
             raise PairsFileError(f"{path}, line {number}: not JSON ({error.msg})") from None
+        except RecursionError:
+            raise PairsFileError(f"{path}, line {number}: not JSON (nested too deep)") from None
         if not isinstance(item, dict) or set(item) != set(PAIR_FIELDS):
             raise PairsFileError(f"{path}, line {number}: expected an object with exactly the "
                                  f"fields {', '.join(PAIR_FIELDS)}")
