@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .analysis import add_analyze_ffn_parser
     from .arith import add_arith_parsers
     from .asm import add_asm_parsers
+    from .caa import add_caa_parsers
     from .convert import add_convert_parser
     from .evaluation import add_eval_parsers
     from .memory import add_memory_parsers
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     add_memory_parsers(commands)
     add_steering_parsers(commands)
+    add_caa_parsers(commands)
     add_playground_parser(commands)
     add_analyze_ffn_parser(commands)
     add_air_parsers(commands)

@@ -18,7 +18,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.hf_steered import SteeredModel  # noqa: E402
 
 from eval_harness.lm_eval_model.model import HFMemoryLM  # noqa: E402
-from hf_memory import BankSet, CAAVectors, apply_caa  # noqa: E402
+from hf_memory import BankSet, CAAVectors, apply_caa, export_lm_eval_steer  # noqa: E402
 from hf_memory.baselines.methods import MemoryMethod, PromptMethod  # noqa: E402
 from hf_memory.chat.generation import chat_messages  # noqa: E402
 from hf_memory.metrics.likelihood import reply_logprobs  # noqa: E402
@@ -139,13 +139,11 @@ def test_memory_rolling_and_generation_equal_the_steered_model(default_model, st
 @pytest.mark.slow
 def test_our_caa_equals_lm_evals_steered_model(default_model, steering, tmp_path):
     """lm-eval's ``steered`` type adds ``coefficient · vector`` to a module's output through
-    its own hooks; at ``layers.L.self_attn`` that is where our CAA writes (a pre-norm Llama)."""
+    its own hooks; the file :func:`export_lm_eval_steer` writes from our vectors names
+    ``layers.L.self_attn``, where our CAA writes (a pre-norm Llama)."""
     model, tokenizer = default_model
-    vector = steering["caa"].vectors[CAA_LAYER]
-    path = tmp_path / "steer.pt"
-    torch.save({f"layers.{CAA_LAYER}.self_attn": {
-        "steering_vector": vector, "steering_coefficient": CAA_SCALE, "action": "add",
-        "bias": None, "head_index": None}}, path)
+    path = export_lm_eval_steer(steering["caa"], model, tmp_path / "steer.pt")
+    assert list(torch.load(path, weights_only=False)) == [f"layers.{CAA_LAYER}.self_attn"]
     theirs = SteeredModel(pretrained=model, tokenizer=tokenizer, steer_path=str(path),
                           batch_size=3)
     ours = _lm(default_model, caa=steering["caa"])

@@ -158,7 +158,10 @@ PUBLIC_BEFORE_THE_MOVE = [
 
 
 # Names added since, each by the issue that needed it.
-ADDED_SINCE = ["JudgeTooWeakError", "ReplyJudge", "judge_methods"]  # issue 77: the reply judge
+ADDED_SINCE = ["JudgeTooWeakError", "ReplyJudge", "judge_methods",  # issue 77: the reply judge
+               # issue 80: CAA vectors to and from llama.cpp and lm-eval's steered model
+               "ControlVectorFormatError", "export_control_vector", "export_lm_eval_steer",
+               "load_control_vector"]
 
 
 def test_every_name_hf_memory_exported_before_the_move_still_imports_from_it():

@@ -26,7 +26,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-__all__ = ["write_json", "write_safetensors", "write_text"]
+__all__ = ["write_file", "write_json", "write_safetensors", "write_text"]
 
 _SUFFIX = ".partial"
 
@@ -82,3 +82,9 @@ def write_json(path: Path, record: Any) -> Path:
 def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
     """Write ``tensors`` as a safetensors file at ``path`` atomically."""
     return _write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def write_file(path: Path, fill: Callable[[Path], None]) -> Path:
+    """Write ``path`` atomically with a writer of any format: ``fill`` gets a temporary path
+    beside it to write to (e.g. ``lambda tmp: torch.save(obj, tmp)``)."""
+    return _write(Path(path), fill)

@@ -12,6 +12,10 @@ moves by exactly ``scale · v``) at every position from
 ``start_position`` on (one for the batch, or one per row), generated tokens included. Positions
 count from the start of the cached sequence, so a prompt of length P with ``start_position=P``
 steers the generated tokens only.
+
+A second site, ``site="block_output"``, reads and writes the residual stream at the output of
+decoder layer ℓ (after its feed-forward block): the site llama.cpp's control vectors and repeng
+use, so vectors at that site travel to llama.cpp (:mod:`hf_memory.baselines.caa_gguf`).
 """
 
 from __future__ import annotations
@@ -31,14 +35,30 @@ from safetensors.torch import load_file
 from torch import nn
 
 from hf_memory.artifacts.atomic_files import write_json, write_safetensors, write_text
+from hf_memory.baselines.caa_gguf import (
+    ControlVectorFormatError,
+    read_control_vector,
+    write_control_vector,
+)
 from hf_memory.models.adapters import get_adapter
-from hf_memory.models.fingerprint import check_fingerprint, model_fingerprint
+from hf_memory.models.fingerprint import (
+    FingerprintMismatchError,
+    check_fingerprint,
+    model_fingerprint,
+)
 from hf_memory.models.transformers_compat import cache_from_kwargs
 from hf_memory.steering.call_scope import CallScope, InUse
 
-__all__ = ["CAAHandle", "CAAVectors", "apply_caa"]
+__all__ = ["CAAHandle", "CAAVectors", "SITES", "apply_caa", "export_control_vector",
+           "load_control_vector"]
 
+# Version 1: post-attention vectors (no site recorded); version 2 records the site, written only
+# for block-output vectors, so a version-1 reader refuses them rather than steer at the wrong site.
 FORMAT_VERSION = 1
+SITE_FORMAT_VERSION = 2
+# Where a vector is read and added: right after attention (the paper's baseline), or at the
+# output of the decoder layer (llama.cpp's and repeng's control vectors).
+SITES = ("post_attention", "block_output")
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "caa_vectors.safetensors"
 
@@ -51,15 +71,18 @@ class CAAVectors:
     """Steering vectors per layer, ``{layer: [hidden]}``, with their provenance."""
 
     def __init__(self, vectors: dict[int, torch.Tensor], *, scale: float = 1.0,
-                 fingerprint: dict[str, Any] | None = None,
+                 site: str = "post_attention", fingerprint: dict[str, Any] | None = None,
                  provenance: dict[str, Any] | None = None) -> None:
         if not vectors:
             raise ValueError("CAA needs at least one layer's vector")
+        if site not in SITES:
+            raise ValueError(f"site must be one of {SITES}, got {site!r}")
         for layer, vector in vectors.items():
             if vector.dim() != 1 or not torch.isfinite(vector).all():
                 raise ValueError(f"the CAA vector of layer {layer} must be a finite 1-D tensor")
         self.vectors = {int(k): v for k, v in sorted(vectors.items())}
         self.scale = float(scale)
+        self.site = site
         self.fingerprint = fingerprint
         self.provenance = dict(provenance or {})
 
@@ -70,36 +93,47 @@ class CAAVectors:
     @classmethod
     @torch.no_grad()
     def extract(cls, model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]], *,
-                layers: Sequence[int], position: str = "mean", scale: float = 1.0) -> CAAVectors:
-        """Mean (positive − negative) post-attention residual over ``pairs`` at ``layers``."""
+                layers: Sequence[int], position: str = "mean", scale: float = 1.0,
+                site: str = "post_attention") -> CAAVectors:
+        """Mean (positive − negative) residual at ``site`` over ``pairs`` at ``layers``."""
         adapter = get_adapter(model)
         if not pairs:
             raise ValueError("CAA extraction needs at least one (positive, negative) pair")
         if position not in ("mean", "last"):
             raise ValueError(f"position must be 'mean' or 'last', got {position!r}")
+        if site not in SITES:
+            raise ValueError(f"site must be one of {SITES}, got {site!r}")
         num_layers = model.config.num_hidden_layers
         layers = sorted({int(i) for i in layers})
         if not layers or not all(0 <= i < num_layers for i in layers):
             raise ValueError(f"layers must be indices in [0, {num_layers}), got {layers}")
-        norms = {str(i): adapter.residual_read(model, i) for i in layers}
         device = next(model.parameters()).device
-
         deepest = str(layers[-1])
+        store: dict[str, torch.Tensor] = {}
+
+        def keep(key: str, stream: torch.Tensor) -> None:
+            store[key] = stream.detach()
+            if key == deepest:  # the later layers cannot change what was read
+                raise _ResidualsRead
+
+        if site == "post_attention":
+            def reader(key: str):
+                return lambda _module, args: keep(key, args[0])
+            modules = {str(i): adapter.residual_read(model, i) for i in layers}
+            register = "register_forward_pre_hook"
+        else:
+            def reader(key: str):
+                return lambda _module, _args, output: keep(
+                    key, output if isinstance(output, torch.Tensor) else output[0])
+            modules = {str(i): adapter.layers(model)[i] for i in layers}
+            register = "register_forward_hook"
 
         def residuals(text: str) -> dict[int, torch.Tensor]:
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"CAA texts must be non-empty strings, got {text!r}")
             ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-            store: dict[str, torch.Tensor] = {}
-
-            def read(key: str):
-                def hook(_module, args):
-                    store[key] = args[0].detach()
-                    if key == deepest:  # the later layers cannot change what was read
-                        raise _ResidualsRead
-                return hook
-
-            hooks = [norm.register_forward_pre_hook(read(key)) for key, norm in norms.items()]
+            store.clear()
+            hooks = [getattr(module, register)(reader(key)) for key, module in modules.items()]
             try:
                 model(input_ids=ids.to(device), use_cache=False)
             except _ResidualsRead:
@@ -118,9 +152,9 @@ class CAAVectors:
         dtype = next(model.parameters()).dtype
         vectors = {i: (total / len(pairs)).to(dtype) for i, total in totals.items()}
         digest = hashlib.sha256(json.dumps(list(pairs)).encode()).hexdigest()
-        return cls(vectors, scale=scale, fingerprint=model_fingerprint(model), provenance={
-            "pairs": [list(p) for p in pairs], "pairs_sha256": digest, "position": position,
-            "site": "post_attention"})
+        return cls(vectors, scale=scale, site=site, fingerprint=model_fingerprint(model),
+                   provenance={"pairs": [list(p) for p in pairs], "pairs_sha256": digest,
+                               "position": position, "site": site})
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
         """Write ``config.json`` (layers, scale, fingerprint, provenance) and the vectors."""
@@ -131,11 +165,15 @@ class CAAVectors:
         record = {"format_version": FORMAT_VERSION, "kind": "caa_vectors",
                   "layers": self.layers, "scale": self.scale, "fingerprint": self.fingerprint,
                   "provenance": self.provenance}
+        if self.site != "post_attention":
+            record.update(format_version=SITE_FORMAT_VERSION, site=self.site)
+        where = ("post-attention" if self.site == "post_attention"
+                 else "at each decoder layer's output")
         write_json(directory / CONFIG_NAME, record)
         pairs = self.provenance.get("pairs", [])
         card = ["---", "library_name: hf-memory", "tags:", "- caa", "- steering", "---", "",
                 "# Contrastive activation addition vectors", "",
-                f"Layers {self.layers}, scale {self.scale}, added post-attention. Extracted "
+                f"Layers {self.layers}, scale {self.scale}, added {where}. Extracted "
                 f"from {len(pairs)} contrastive pairs:", ""]
         card += [f"- + `{p}` / − `{n}`" for p, n in pairs]
         write_text(directory / "README.md", "\n".join(card) + "\n")
@@ -144,7 +182,11 @@ class CAAVectors:
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, *,
                         model: nn.Module | None = None) -> CAAVectors:
+        """Load a folder :meth:`save_pretrained` wrote, or a llama.cpp control-vector
+        ``.gguf`` file (:func:`~hf_memory.baselines.caa_gguf.load_control_vector`)."""
         directory = Path(directory)
+        if directory.suffix == ".gguf":
+            return load_control_vector(directory, model=model)
         try:
             record = json.loads((directory / CONFIG_NAME).read_text())
             tensors = load_file(directory / WEIGHTS_NAME)
@@ -152,12 +194,15 @@ class CAAVectors:
             raise ValueError(f"{directory} lacks {Path(error.filename).name}") from None
         except (ValueError, SafetensorError, OSError) as error:
             raise ValueError(f"{directory} holds corrupt CAA vectors: {error}") from None
-        if record.get("kind") != "caa_vectors" or record.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{directory / CONFIG_NAME} is not version {FORMAT_VERSION} CAA "
+        versions = (FORMAT_VERSION, SITE_FORMAT_VERSION)
+        if record.get("kind") != "caa_vectors" or record.get("format_version") not in versions:
+            raise ValueError(f"{directory / CONFIG_NAME} is not version {versions} CAA "
                              "vectors")
         if sorted(int(k) for k in tensors) != record["layers"]:
             raise ValueError(f"{directory}: vectors and config disagree on layers")
-        vectors = cls({int(k): v for k, v in tensors.items()}, scale=record["scale"],
+        site = (record.get("site") if record["format_version"] == SITE_FORMAT_VERSION
+                else "post_attention")
+        vectors = cls({int(k): v for k, v in tensors.items()}, scale=record["scale"], site=site,
                       fingerprint=record["fingerprint"], provenance=record["provenance"])
         if model is not None:
             vectors.check_model(model)
@@ -172,6 +217,42 @@ class CAAVectors:
                 raise ValueError(f"CAA vector for layer {layer} ({vector.shape[0]} wide) does "
                                  f"not fit a model with {layers} layers of width {hidden}")
 
+
+
+def export_control_vector(vectors: CAAVectors, path: str | os.PathLike, *,
+                          model_hint: str | None = None) -> Path:
+    """Write block-output ``vectors`` as a llama.cpp control-vector GGUF at ``path``: ``scale ·
+    v`` per layer, so llama.cpp's ``--control-vector FILE`` steers as :func:`apply_caa` does
+    with ``start_position=0``. ``model_hint`` (``controlvector.model_hint``, as repeng writes
+    it) defaults to the fingerprint's ``model_type``."""
+    if vectors.site != "block_output":
+        raise ControlVectorFormatError(
+            f"llama.cpp adds control vectors at each decoder layer's output; these vectors are "
+            f"{vectors.site} — extract them with CAAVectors.extract(..., site='block_output')")
+    if model_hint is None:
+        model_hint = str((vectors.fingerprint or {}).get("model_type", ""))
+    return write_control_vector(
+        path, {layer: vectors.scale * vector for layer, vector in vectors.vectors.items()},
+        model_hint=model_hint, fingerprint=vectors.fingerprint, provenance=vectors.provenance)
+
+def load_control_vector(path: str | os.PathLike, *, model: nn.Module | None = None,
+                        strength: float = 1.0) -> CAAVectors:
+    """A llama.cpp control-vector GGUF (:mod:`hf_memory.baselines.caa_gguf`) as block-output
+    vectors at scale ``strength`` (llama.cpp's ``--control-vector-scaled``), checked against
+    ``model`` when given: its width and layer count (a
+    :class:`~hf_memory.ControlVectorFormatError`) and our fingerprint if the file carries one (a
+    :class:`~hf_memory.FingerprintMismatchError`)."""
+    read = read_control_vector(path)
+    vectors = CAAVectors(read.directions, scale=strength, site="block_output",
+                         fingerprint=read.fingerprint, provenance=read.provenance)
+    if model is not None:
+        try:
+            vectors.check_model(model)
+        except FingerprintMismatchError:
+            raise
+        except ValueError as error:
+            raise ControlVectorFormatError(f"{path}: {error}") from None
+    return vectors
 
 # The CAA handles active in the running call. Like memory steering, CAA is a property of a call:
 # the hooks on the shared model add a vector only for the context (thread / asyncio task) that
@@ -203,11 +284,15 @@ class CAAHandle(CallScope):
         adapter = get_adapter(model)
         parameter = next(model.parameters())
         self._hooks = [model.register_forward_pre_hook(self._track_position, with_kwargs=True)]
-        gain = adapter.residual_gain(model)  # the stream moves by exactly scale · v
+        post_attention = vectors.site == "post_attention"
+        # the stream moves by exactly scale · v: a decoder layer's output is the stream itself
+        gain = adapter.residual_gain(model) if post_attention else 1.0
         for layer, vector in vectors.vectors.items():
             delta = (self.scale * vector / gain).to(device=parameter.device,
                                                     dtype=parameter.dtype)
-            self._hooks.append(adapter.residual_write(model, layer).register_forward_hook(
+            module = (adapter.residual_write(model, layer) if post_attention
+                      else adapter.layers(model)[layer])
+            self._hooks.append(module.register_forward_hook(
                 lambda _m, _args, output, delta=delta: self._add(output, delta)))
         self._begin(active)
 

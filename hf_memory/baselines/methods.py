@@ -115,7 +115,7 @@ class CAAMethod(Method):
 
     def describe(self) -> dict[str, Any]:
         return {"method": self.name, "layers": self.vectors.layers, "scale": self.scale,
-                "site": "post_attention", "pairs_sha256": self.vectors.provenance.get(
+                "site": self.vectors.site, "pairs_sha256": self.vectors.provenance.get(
                     "pairs_sha256")}
 
 
