@@ -37,8 +37,19 @@ FLOOR_PIP := $(FLOOR_PY) -m pip --disable-pip-version-check
 FLOOR_UV := VIRTUAL_ENV=$(abspath $(FLOOR_VENV)) $(FLOOR_VENV)/bin/uv pip
 TRANSFORMERS_FLOOR := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
+# llama.cpp, for the control-vector agreement benchmark only: llama-cpp-python built from source
+# (the index has no wheel) with its tools (llama-completion reads --control-vector files), kept in
+# its build folder. Portable CPU flags: -march=native emits AMX tile instructions that a VM may
+# advertise and refuse (SIGILL).
+LLAMACPP_VENV ?= .venv-llamacpp
+LLAMACPP_PY := $(LLAMACPP_VENV)/bin/python
+LLAMACPP_PIN ?= llama-cpp-python==0.3.36
+LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DLLAMA_BUILD_TOOLS=ON \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-compat floor-env test-vllm vllm-env test-floor-and-vllm lint bench clean browser
+.PHONY: setup demo test test-fast test-compat floor-env test-vllm vllm-env test-floor-and-vllm lint bench clean browser llamacpp-env bench-llamacpp
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,6 +95,19 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
+
+$(LLAMACPP_STAMP): Makefile
+	test -x $(LLAMACPP_PY) || $(PYTHON) -m venv $(LLAMACPP_VENV)
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(LLAMACPP_PY) -m pip --disable-pip-version-check install --no-binary llama-cpp-python \
+		--config-settings=build-dir=$(abspath $(LLAMACPP_VENV))/build "$(LLAMACPP_PIN)" gguf
+	touch $(LLAMACPP_STAMP)
+
+llamacpp-env: $(LLAMACPP_STAMP)
+
+# Our CAA as a llama.cpp control vector against our CAA in transformers (BENCHMARKS).
+bench-llamacpp: setup llamacpp-env
+	$(PY) benchmarks/caa_llamacpp_agreement.py
 
 demo: setup
 	$(VENV)/bin/hf-memory demo
@@ -139,4 +163,4 @@ bench: setup
 	$(PY) benchmarks/bench_default_model.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(FLOOR_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(FLOOR_VENV) $(LLAMACPP_VENV) build *.egg-info .pytest_cache .ruff_cache
