@@ -153,6 +153,30 @@ def persona_files() -> Files:
     return {k: v for k, v in files.items() if not k.endswith("README.md")}
 
 
+def _caa_vectors(model):
+    from hf_memory import CAAVectors
+    from hf_memory.models.fingerprint import model_fingerprint
+
+    width = model.config.hidden_size
+    return CAAVectors({1: _random(width, torch.float32, 7), 2: _random(width, torch.float32, 8)},
+                      scale=2.5, site="block_output", fingerprint=model_fingerprint(model),
+                      provenance={"pairs": [["I am calm.", "I am anxious."]]})
+
+
+@functools.cache
+def caa_files() -> Files:
+    files = _saved(_caa_vectors(base_model()).save_pretrained)
+    files.pop("README.md")  # the card: not read by the loader
+    return files
+
+
+@functools.cache
+def control_vector_files() -> Files:
+    from hf_memory import export_control_vector
+
+    return _saved(lambda d: export_control_vector(_caa_vectors(base_model()), d / "vector.gguf"))
+
+
 @functools.cache
 def registry_files() -> Files:
     from hf_memory_vllm import write_registry
@@ -291,6 +315,52 @@ def check_persona(loaded) -> None:
     assert loaded.recipe in RECIPES and isinstance(loaded.trials, list)
 
 
+def _hashed(path: Path, key: bytes) -> bool:
+    """Whether ``path`` still names its content hash: one whose key a mutation garbled (or a
+    file of another writer) cannot be verified, only checked for form."""
+    return path.is_file() and key in path.read_bytes()
+
+
+def load_caa(directory: Path):
+    from hf_memory import CAAVectors
+
+    hashed = _hashed(directory / "caa_vectors.safetensors", b"hf_memory.steering_sha256")
+    return CAAVectors.from_pretrained(directory, model=base_model()), hashed
+
+
+def check_caa(loaded) -> None:
+    """The content hash vouches for what steers: vectors, scale and site exactly as saved."""
+    loaded, hashed = loaded
+    assert loaded.site in ("post_attention", "block_output") and math.isfinite(loaded.scale)
+    assert all(v.shape == (base_model().config.hidden_size,) and torch.isfinite(v).all()
+               for v in loaded.vectors.values())
+    if hashed:
+        original = _caa_vectors(base_model())
+        assert (loaded.site, loaded.scale, loaded.layers) == (original.site, original.scale,
+                                                              original.layers)
+        assert all(torch.equal(loaded.vectors[i], original.vectors[i]) for i in original.layers)
+
+
+def load_gguf_control_vector(directory: Path):
+    from hf_memory import load_control_vector
+
+    hashed = _hashed(directory / "vector.gguf", b"hf_memory.directions_sha256")
+    return load_control_vector(directory / "vector.gguf", model=base_model()), hashed
+
+
+def check_gguf_control_vector(loaded) -> None:
+    """Our files carry a hash of the directions: they load exactly as written (scale baked)."""
+    loaded, hashed = loaded
+    assert loaded.site == "block_output"
+    assert all(v.shape == (base_model().config.hidden_size,) and torch.isfinite(v).all()
+               for v in loaded.vectors.values())
+    if hashed:
+        original = _caa_vectors(base_model())
+        assert loaded.layers == original.layers
+        assert all(torch.equal(loaded.vectors[i], original.scale * original.vectors[i])
+                   for i in original.layers)
+
+
 def load_registry(directory: Path):
     from hf_memory_vllm import Registry, SteeringRequest
 
@@ -379,6 +449,7 @@ def check_prompts(loaded) -> None:
 def _errors(*names: str) -> Callable[[], tuple[type[BaseException], ...]]:
     def resolve() -> tuple[type[BaseException], ...]:
         from hf_memory.banks.bank_set import BankSetFormatError
+        from hf_memory.baselines.caa_gguf import ControlVectorFormatError
         from hf_memory.models.fingerprint import FingerprintMismatchError
         from hf_memory.recipes.persona import PersonaFormatError
         from hf_memory.selection.pairs import PairsFileError
@@ -390,6 +461,7 @@ def _errors(*names: str) -> Callable[[], tuple[type[BaseException], ...]]:
                  SelectorFormatError, "FingerprintMismatchError": FingerprintMismatchError,
                  "PersonaFormatError": PersonaFormatError, "RegistryError": RegistryError,
                  "PairsFileError": PairsFileError, "CLIError": CLIError,
+                 "ControlVectorFormatError": ControlVectorFormatError,
                  "ValueError": ValueError}
         return tuple(known[name] for name in names)
 
@@ -422,6 +494,11 @@ LOADERS: dict[str, Loader] = {loader.name: loader for loader in (
     Loader("PersonaSteering.from_pretrained", persona_files, load_persona,
            _errors("PersonaFormatError", "BankSetFormatError", "SelectorFormatError",
                    "FingerprintMismatchError"), check_persona),
+    Loader("CAAVectors.from_pretrained", caa_files, load_caa,
+           _errors("ValueError", "FingerprintMismatchError"), check_caa),
+    Loader("load_control_vector (.gguf)", control_vector_files, load_gguf_control_vector,
+           _errors("ControlVectorFormatError", "FingerprintMismatchError"),
+           check_gguf_control_vector),
     Loader("vllm Registry.load + validate", registry_files, load_registry,
            _errors("RegistryError"), check_registry, cleanup=clear_registry_caches),
     Loader("read_pairs (--pairs)", pairs_files, load_pairs, _errors("PairsFileError"),

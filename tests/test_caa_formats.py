@@ -280,3 +280,52 @@ def test_the_command_line_extracts_exports_and_the_vectors_steer_generate(defaul
     assert cli.main(["caa", "export", "control-vector", "--vectors", str(tmp_path / "post"),
                      "--out", str(tmp_path / "post.gguf")]) == 2
     assert "site='block_output'" in capsys.readouterr().err
+
+
+def test_edited_or_corrupt_caa_folders_are_refused_by_name(tmp_path):
+    """What steers (vectors, scale, site) is checked against the hash the weights file records;
+    the fuzzers' finds (float8 vectors, a missing weights file) are one ValueError each."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    vectors = CAAVectors({1: torch.randn(64), 2: torch.randn(64)}, scale=2.0,
+                         site="block_output")
+    folder = vectors.save_pretrained(tmp_path / "v")
+    config, weights = folder / "config.json", folder / "caa_vectors.safetensors"
+    record, data = json.loads(config.read_text()), weights.read_bytes()
+
+    config.write_text(json.dumps({**record, "scale": 20.0}))
+    with pytest.raises(ValueError, match="content hash mismatch"):
+        CAAVectors.from_pretrained(folder)
+    config.write_text(json.dumps(record))
+    flipped = bytearray(data)
+    flipped[-3] ^= 0x40  # inside layer 2's vector
+    weights.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="content hash mismatch"):
+        CAAVectors.from_pretrained(folder)
+    tensors = load_file(tmp_path / "v" / "caa_vectors.safetensors")
+    save_file({k: v.to(torch.float8_e4m3fn) for k, v in tensors.items()}, weights)
+    with pytest.raises(ValueError, match="float16, bfloat16, float32 or float64"):
+        CAAVectors.from_pretrained(folder)
+    weights.unlink()
+    with pytest.raises(ValueError, match="lacks caa_vectors.safetensors"):
+        CAAVectors.from_pretrained(folder)
+    for bad, message in (({**record, "layers": "12"}, "list of integers"),
+                         ({**record, "scale": "2.0"}, "finite number"),
+                         ({**record, "fingerprint": [1]}, "fingerprint must be a mapping"),
+                         ([record], "is not version")):
+        weights.write_bytes(data)
+        config.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            CAAVectors.from_pretrained(folder)
+
+
+def test_an_edited_control_vector_we_wrote_is_refused(tmp_path):
+    model = tiny_model("llama", dtype=torch.float32)
+    path = export_control_vector(_block_vectors(model), tmp_path / "v.gguf")
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x40  # inside the last direction
+    path.write_bytes(bytes(data))
+    with pytest.raises(ControlVectorFormatError, match="content hash mismatch"):
+        load_control_vector(path)

@@ -28,7 +28,8 @@ NIGHTLY = os.environ.get("HF_MEMORY_FUZZ") == "nightly"
 # cases per loader: the slower folder loaders get fewer in the default run
 EXAMPLES = {"BankSet.from_pretrained": 400, "BankSet.from_pretrained (legacy folder)": 400,
             "Selector.from_pretrained": 500,
-            "PersonaSteering.from_pretrained": 250, "vllm Registry.load + validate": 250}
+            "PersonaSteering.from_pretrained": 250, "vllm Registry.load + validate": 250,
+            "CAAVectors.from_pretrained": 250, "load_control_vector (.gguf)": 250}
 DEFAULT_EXAMPLES, OTHER_MODEL_EXAMPLES = 400, 25
 
 

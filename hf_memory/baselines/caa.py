@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -30,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from hf_memory.artifacts.atomic_files import write_json, write_safetensors, write_text
@@ -56,6 +56,8 @@ __all__ = ["CAAHandle", "CAAVectors", "SITES", "apply_caa", "export_control_vect
 # for block-output vectors, so a version-1 reader refuses them rather than steer at the wrong site.
 FORMAT_VERSION = 1
 SITE_FORMAT_VERSION = 2
+DIGEST_KEY = "hf_memory.steering_sha256"  # in the weights file's metadata
+_VECTOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Where a vector is read and added: right after attention (the paper's baseline), or at the
 # output of the decoder layer (llama.cpp's and repeng's control vectors).
 SITES = ("post_attention", "block_output")
@@ -156,12 +158,21 @@ class CAAVectors:
                    provenance={"pairs": [list(p) for p in pairs], "pairs_sha256": digest,
                                "position": position, "site": site})
 
+    def steering_digest(self) -> str:
+        """sha256 of what steers: the site, the scale, and each layer's vector (dtype, bytes)."""
+        digest = hashlib.sha256(json.dumps([self.site, self.scale]).encode())
+        for layer, vector in self.vectors.items():
+            digest.update(f"{layer}:{vector.dtype}:{vector.numel()}".encode())
+            digest.update(vector.detach().cpu().contiguous().view(torch.uint8).numpy())
+        return digest.hexdigest()
+
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
         """Write ``config.json`` (layers, scale, fingerprint, provenance) and the vectors."""
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_safetensors(directory / WEIGHTS_NAME,
-                          {str(k): v.contiguous().cpu() for k, v in self.vectors.items()})
+                          {str(k): v.contiguous().cpu() for k, v in self.vectors.items()},
+                          metadata={DIGEST_KEY: self.steering_digest()})
         record = {"format_version": FORMAT_VERSION, "kind": "caa_vectors",
                   "layers": self.layers, "scale": self.scale, "fingerprint": self.fingerprint,
                   "provenance": self.provenance}
@@ -183,30 +194,61 @@ class CAAVectors:
     def from_pretrained(cls, directory: str | os.PathLike, *,
                         model: nn.Module | None = None) -> CAAVectors:
         """Load a folder :meth:`save_pretrained` wrote, or a llama.cpp control-vector
-        ``.gguf`` file (:func:`~hf_memory.baselines.caa_gguf.load_control_vector`)."""
+        ``.gguf`` file (:func:`load_control_vector`). A missing, corrupt or edited folder raises
+        ``ValueError`` (the vectors, scale and site are checked against the content hash the
+        weights file records); vectors made on another model than ``model``
+        :class:`~hf_memory.FingerprintMismatchError`."""
         directory = Path(directory)
         if directory.suffix == ".gguf":
             return load_control_vector(directory, model=model)
         try:
             record = json.loads((directory / CONFIG_NAME).read_text())
-            tensors = load_file(directory / WEIGHTS_NAME)
-        except FileNotFoundError as error:
-            raise ValueError(f"{directory} lacks {Path(error.filename).name}") from None
-        except (ValueError, SafetensorError, OSError) as error:
-            raise ValueError(f"{directory} holds corrupt CAA vectors: {error}") from None
-        versions = (FORMAT_VERSION, SITE_FORMAT_VERSION)
-        if record.get("kind") != "caa_vectors" or record.get("format_version") not in versions:
-            raise ValueError(f"{directory / CONFIG_NAME} is not version {versions} CAA "
-                             "vectors")
-        if sorted(int(k) for k in tensors) != record["layers"]:
-            raise ValueError(f"{directory}: vectors and config disagree on layers")
-        site = (record.get("site") if record["format_version"] == SITE_FORMAT_VERSION
-                else "post_attention")
-        vectors = cls({int(k): v for k, v in tensors.items()}, scale=record["scale"], site=site,
-                      fingerprint=record["fingerprint"], provenance=record["provenance"])
+            with safe_open(directory / WEIGHTS_NAME, framework="pt") as weights:
+                stored_digest = (weights.metadata() or {}).get(DIGEST_KEY)
+                tensors = {name: weights.get_tensor(name) for name in weights.keys()}
+        except FileNotFoundError:
+            missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (directory / n).exists()]
+            raise ValueError(f"{directory} lacks {' and '.join(missing) or 'a file'}") from None
+        except (ValueError, SafetensorError, OSError, RecursionError) as error:
+            raise ValueError(f"{directory} holds corrupt CAA vectors: "
+                             f"{type(error).__name__}: {error}") from None
+        vectors = cls._from_record(record, tensors, directory)
+        # folders written before the digest was recorded carry none
+        if stored_digest is not None and stored_digest != vectors.steering_digest():
+            raise ValueError(f"{directory}: the vectors, scale or site differ from what was saved "
+                             "(content hash mismatch): the folder was edited or corrupted")
         if model is not None:
             vectors.check_model(model)
         return vectors
+
+    @classmethod
+    def _from_record(cls, record: Any, tensors: dict[str, torch.Tensor],
+                     directory: Path) -> CAAVectors:
+        """Vectors from a parsed ``config.json`` and the weights, every field checked."""
+        versions = (FORMAT_VERSION, SITE_FORMAT_VERSION)
+        if (not isinstance(record, dict) or record.get("kind") != "caa_vectors"
+                or record.get("format_version") not in versions):
+            raise ValueError(f"{directory / CONFIG_NAME} is not version {versions} CAA "
+                             "vectors")
+        layers, scale = record.get("layers"), record.get("scale")
+        if not isinstance(layers, list) or not all(type(i) is int for i in layers):
+            raise ValueError(f"{directory / CONFIG_NAME}: layers must be a list of integers")
+        if not all(name.isdigit() and name.isascii() for name in tensors):
+            raise ValueError(f"{directory / WEIGHTS_NAME}: tensor names must be layer numbers")
+        if sorted(int(k) for k in tensors) != layers:
+            raise ValueError(f"{directory}: vectors and config disagree on layers")
+        if (type(scale) not in (int, float)) or not math.isfinite(scale):
+            raise ValueError(f"{directory / CONFIG_NAME}: scale must be a finite number")
+        for name in ("fingerprint", "provenance"):
+            if not isinstance(record.get(name), dict | None):
+                raise ValueError(f"{directory / CONFIG_NAME}: {name} must be a mapping")
+        if not all(t.dtype in _VECTOR_DTYPES for t in tensors.values()):
+            raise ValueError(f"{directory / WEIGHTS_NAME}: vectors must be float16, bfloat16, "
+                             "float32 or float64")
+        site = (record.get("site") if record["format_version"] == SITE_FORMAT_VERSION
+                else "post_attention")
+        return cls({int(k): v for k, v in tensors.items()}, scale=scale, site=site,
+                   fingerprint=record.get("fingerprint"), provenance=record.get("provenance"))
 
     def check_model(self, model: nn.Module) -> None:
         if self.fingerprint is not None:

@@ -45,6 +45,15 @@ ARCHITECTURE = "controlvector"
 _DIRECTION = re.compile(r"direction\.([0-9]+)")
 _FINGERPRINT_KEY = "hf_memory.fingerprint"
 _PROVENANCE_KEY = "hf_memory.provenance"
+_DIGEST_KEY = "hf_memory.directions_sha256"  # ours only: other writers' files carry none
+
+
+def _digest(arrays: dict[int, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for layer, array in sorted(arrays.items()):
+        digest.update(f"{layer}:".encode())
+        digest.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+    return digest.hexdigest()
 
 
 class ControlVectorFormatError(ValueError):
@@ -78,6 +87,7 @@ def write_control_vector(path: str | os.PathLike, directions: dict[int, torch.Te
             "direction.1); drop layer 0")
     arrays = {layer: direction.to(torch.float32).numpy() for layer, direction in
               sorted(directions.items())}
+    digest = _digest(arrays)
 
     def fill(tmp: Path) -> None:
         writer = gguf.GGUFWriter(tmp, ARCHITECTURE)
@@ -86,6 +96,7 @@ def write_control_vector(path: str | os.PathLike, directions: dict[int, torch.Te
         if fingerprint is not None:
             writer.add_string(_FINGERPRINT_KEY, json.dumps(fingerprint, sort_keys=True))
         writer.add_string(_PROVENANCE_KEY, json.dumps(provenance or {}, sort_keys=True))
+        writer.add_string(_DIGEST_KEY, digest)
         for layer, array in arrays.items():
             writer.add_tensor(f"direction.{layer}", array)
         writer.write_header_to_file()
@@ -178,12 +189,17 @@ def read_control_vector(path: str | os.PathLike) -> ControlVectorFile:
         fingerprint = _json(reader, _FINGERPRINT_KEY, path)
         provenance = _json(reader, _PROVENANCE_KEY, path)
         hint = _string(reader, f"{ARCHITECTURE}.model_hint")
+        stored_digest = _string(reader, _DIGEST_KEY)
         sums = _directions(reader, path)
     except ControlVectorFormatError:
         raise
     except Exception as error:  # the gguf reader's parse errors have no class of their own
         raise ControlVectorFormatError(f"{path} is not a readable GGUF file: "
                                        f"{type(error).__name__}: {error}") from None
+    if stored_digest is not None and stored_digest != _digest(sums):
+        raise ControlVectorFormatError(f"{path}: the directions differ from what was written "
+                                       "(content hash mismatch): the file was edited or "
+                                       "corrupted")
     if fingerprint is not None and not isinstance(fingerprint, dict):
         raise ControlVectorFormatError(f"{path}: metadata {_FINGERPRINT_KEY} is not a mapping")
     if provenance is not None and not isinstance(provenance, dict):
