@@ -103,7 +103,7 @@ def llamacpp_side(out: Path, tokens: int) -> dict:
     import numpy as np
 
     record = json.loads((out / "transformers.json").read_text())
-    llm = llama_cpp.Llama(record["gguf"], n_ctx=512, n_threads=1, logits_all=False,
+    llm = llama_cpp.Llama(record["gguf"], n_ctx=512, n_threads=1, logits_all=True,
                           verbose=False)
     buffer, width = _cvec_buffer(out / "vector.gguf")
     pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
@@ -167,8 +167,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=("both", "transformers", "llama-cpp"), default="both")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "llamacpp")
-    parser.add_argument("--layers", default="8,12,16")
-    parser.add_argument("--scale", type=float, default=4.0)
+    parser.add_argument("--layers", default="10")
+    parser.add_argument("--scale", type=float, default=3.0)
     parser.add_argument("--tokens", type=int, default=24, help="greedy tokens per reply")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
