@@ -3,8 +3,9 @@
 One steering per model object, chosen at construction (lm-eval's ``--model_args``):
 
 - ``banks=DIR,selector=DIR``: memory inception (:func:`hf_memory.steer`) at the selector's sites;
-- ``caa=DIR[,scale=x]``: CAA vectors (:func:`hf_memory.apply_caa`) added after attention at
-  every position (lm-eval has no instruction boundary), at their saved scale unless ``scale``;
+- ``caa=DIR[,scale=x]``: CAA vectors (:func:`hf_memory.apply_caa`; a folder or a llama.cpp
+  control-vector ``.gguf``) added at their site at every position (lm-eval has no instruction
+  boundary), at their saved scale unless ``scale``;
 - ``prompt=TEXT``: the text in the visible context — appended to the chat template's system
   message (:class:`hf_memory.baselines.methods.PromptMethod`'s ``"system"`` placement) when lm-eval
   applies
@@ -151,7 +152,7 @@ def steering_record(lm: HFMemoryLM) -> dict[str, Any]:
                 "unit_type": lm.selector.unit_type}
     if lm.caa is not None:
         return {"method": "caa", "layers": lm.caa.layers, "scale": lm.scale,
-                "site": "post_attention", "vectors_sha256": _vectors_sha256(lm.caa),
+                "site": lm.caa.site, "vectors_sha256": _vectors_sha256(lm.caa),
                 "pairs_sha256": lm.caa.provenance.get("pairs_sha256")}
     if lm.prompt is not None:
         return {"method": "prompt", "text": lm.prompt,
