@@ -86,8 +86,17 @@ def test_the_site_is_saved_and_version_one_readers_would_refuse_it(tmp_path):
     assert CAAVectors.from_pretrained(tmp_path / "post").site == "post_attention"
     records["block"]["site"] = "mlp"
     (tmp_path / "block" / "config.json").write_text(json.dumps(records["block"]))
+    _strip_weights_metadata(tmp_path / "block")  # config.json alone describes the vectors
     with pytest.raises(ValueError, match="site must be one of"):
         CAAVectors.from_pretrained(tmp_path / "block")
+
+
+def _strip_weights_metadata(folder) -> None:
+    """The weights as a folder saved before they carried a content hash and their config."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "caa_vectors.safetensors"
+    save_file(load_file(path), path)
 
 
 def _block_vectors(model, layers=(1, 2), scale=2.5) -> CAAVectors:
@@ -295,9 +304,9 @@ def test_edited_or_corrupt_caa_folders_are_refused_by_name(tmp_path):
     config, weights = folder / "config.json", folder / "caa_vectors.safetensors"
     record, data = json.loads(config.read_text()), weights.read_bytes()
 
-    config.write_text(json.dumps({**record, "scale": 20.0}))
-    with pytest.raises(ValueError, match="content hash mismatch"):
-        CAAVectors.from_pretrained(folder)
+    config.write_text(json.dumps({**record, "scale": 20.0}))  # what the weights vouch for wins
+    with pytest.warns(UserWarning, match="older than the vectors"):
+        assert CAAVectors.from_pretrained(folder).scale == 2.0
     config.write_text(json.dumps(record))
     flipped = bytearray(data)
     flipped[-3] ^= 0x40  # inside layer 2's vector
@@ -316,6 +325,7 @@ def test_edited_or_corrupt_caa_folders_are_refused_by_name(tmp_path):
                          ({**record, "fingerprint": [1]}, "fingerprint must be a mapping"),
                          ([record], "is not version")):
         weights.write_bytes(data)
+        _strip_weights_metadata(folder)
         config.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=message):
             CAAVectors.from_pretrained(folder)
@@ -329,3 +339,19 @@ def test_an_edited_control_vector_we_wrote_is_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ControlVectorFormatError, match="content hash mismatch"):
         load_control_vector(path)
+
+
+def test_a_save_killed_between_its_two_files_loads_the_new_vectors(tmp_path):
+    """The weights are renamed in first and carry their config: beside the old config.json (a
+    kill before it was replaced) the folder loads as the new vectors, with a warning."""
+    import shutil
+
+    old = CAAVectors({1: torch.randn(64)}, scale=1.0)
+    new = CAAVectors({1: torch.randn(64), 2: torch.randn(64)}, scale=3.0, site="block_output")
+    old.save_pretrained(tmp_path / "old")
+    new.save_pretrained(tmp_path / "new")
+    shutil.copy(tmp_path / "old" / "config.json", tmp_path / "new" / "config.json")
+    with pytest.warns(UserWarning, match="older than the vectors"):
+        loaded = CAAVectors.from_pretrained(tmp_path / "new")
+    assert (loaded.site, loaded.scale, loaded.layers) == ("block_output", 3.0, [1, 2])
+    assert all(torch.equal(loaded.vectors[i], new.vectors[i]) for i in (1, 2))

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -57,6 +58,7 @@ __all__ = ["CAAHandle", "CAAVectors", "SITES", "apply_caa", "export_control_vect
 FORMAT_VERSION = 1
 SITE_FORMAT_VERSION = 2
 DIGEST_KEY = "hf_memory.steering_sha256"  # in the weights file's metadata
+CONFIG_KEY = "hf_memory.config"  # config.json's record, also in the weights file's metadata
 _VECTOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Where a vector is read and added: right after attention (the paper's baseline), or at the
 # output of the decoder layer (llama.cpp's and repeng's control vectors).
@@ -170,14 +172,17 @@ class CAAVectors:
         """Write ``config.json`` (layers, scale, fingerprint, provenance) and the vectors."""
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
-        write_safetensors(directory / WEIGHTS_NAME,
-                          {str(k): v.contiguous().cpu() for k, v in self.vectors.items()},
-                          metadata={DIGEST_KEY: self.steering_digest()})
         record = {"format_version": FORMAT_VERSION, "kind": "caa_vectors",
                   "layers": self.layers, "scale": self.scale, "fingerprint": self.fingerprint,
                   "provenance": self.provenance}
         if self.site != "post_attention":
             record.update(format_version=SITE_FORMAT_VERSION, site=self.site)
+        # the weights carry their config too: a save killed before config.json was replaced
+        # still loads as the new vectors (see from_pretrained)
+        write_safetensors(directory / WEIGHTS_NAME,
+                          {str(k): v.contiguous().cpu() for k, v in self.vectors.items()},
+                          metadata={DIGEST_KEY: self.steering_digest(),
+                                    CONFIG_KEY: json.dumps(record, sort_keys=True)})
         where = ("post-attention" if self.site == "post_attention"
                  else "at each decoder layer's output")
         write_json(directory / CONFIG_NAME, record)
@@ -204,7 +209,7 @@ class CAAVectors:
         try:
             record = json.loads((directory / CONFIG_NAME).read_text())
             with safe_open(directory / WEIGHTS_NAME, framework="pt") as weights:
-                stored_digest = (weights.metadata() or {}).get(DIGEST_KEY)
+                metadata = weights.metadata() or {}
                 tensors = {name: weights.get_tensor(name) for name in weights.keys()}
         except FileNotFoundError:
             missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (directory / n).exists()]
@@ -212,13 +217,39 @@ class CAAVectors:
         except (ValueError, SafetensorError, OSError, RecursionError) as error:
             raise ValueError(f"{directory} holds corrupt CAA vectors: "
                              f"{type(error).__name__}: {error}") from None
-        vectors = cls._from_record(record, tensors, directory)
-        # folders written before the digest was recorded carry none
-        if stored_digest is not None and stored_digest != vectors.steering_digest():
-            raise ValueError(f"{directory}: the vectors, scale or site differ from what was saved "
-                             "(content hash mismatch): the folder was edited or corrupted")
+        stored_digest = metadata.get(DIGEST_KEY)  # folders saved before the digest carry none
+        try:
+            vectors = cls._from_record(record, tensors, directory)
+            if stored_digest is not None and stored_digest != vectors.steering_digest():
+                raise ValueError(f"{directory}: the vectors, scale or site differ from what was "
+                                 "saved (content hash mismatch): the folder was edited or "
+                                 "corrupted")
+        except ValueError as error:
+            if stored_digest is None or CONFIG_KEY not in metadata:
+                raise
+            vectors = cls._from_weights_config(metadata, tensors, directory, stored_digest,
+                                               error)
         if model is not None:
             vectors.check_model(model)
+        return vectors
+
+    @classmethod
+    def _from_weights_config(cls, metadata: dict[str, str], tensors: dict[str, torch.Tensor],
+                             directory: Path, stored_digest: str,
+                             refused: ValueError) -> CAAVectors:
+        """The vectors as the config the weights carry describes them, where ``config.json``
+        does not fit the weights (``refused`` says how): a save killed between its two files
+        left new weights beside the old config. Weights their own config does not vouch for are
+        refused with ``refused``."""
+        try:
+            vectors = cls._from_record(json.loads(metadata[CONFIG_KEY]), tensors, directory)
+        except (ValueError, RecursionError):
+            raise refused from None
+        if vectors.steering_digest() != stored_digest:
+            raise refused
+        warnings.warn(f"{directory / CONFIG_NAME} is older than the vectors beside it (a save "
+                      "was interrupted): loading the configuration the weights carry",
+                      stacklevel=3)
         return vectors
 
     @classmethod
