@@ -16,6 +16,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -40,6 +41,15 @@ def _partial_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".partial"))
 
 
+def _private_progress_lock() -> None:
+    """tqdm's write lock holds a semaphore shared across ``fork``: a child killed while holding
+    it (a progress bar of ``save_pretrained``) blocked this process's next progress bar forever
+    (a loading bar in the CI rehearsal, 2026-12-06). The child takes a lock of its own."""
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
 def _fork(work: Callable[[int], None]) -> tuple[int, int]:
     """Run ``work(fd)`` in a forked child (``fd``: the write end of a pipe); return the child's
     pid and the read end. The child never returns into pytest: it exits 0 when ``work`` does,
@@ -50,6 +60,7 @@ def _fork(work: Callable[[int], None]) -> tuple[int, int]:
         code = 1
         try:
             os.close(read)
+            _private_progress_lock()
             work(write)
             code = 0
         finally:
