@@ -231,7 +231,7 @@ def test_lm_evals_steered_hooks_on_our_file_equal_our_caa(family, site, tmp_path
     vectors = CAAVectors.extract(model, _Tokenizer(), TEXTS, layers=[1, 2], scale=1.7,
                                  site=site)
     path = export_lm_eval_steer(vectors, model, tmp_path / "steer.pt")
-    config = torch.load(path, weights_only=False)
+    config = torch.load(path, weights_only=True)
     assert config.keys() == lm_eval_steer_config(vectors, model).keys()
     hooks = {hookpoint: (lambda x, info=info: SteeredModel.add(
         x, vector=info["steering_vector"] * info["steering_coefficient"], head_index=None))
@@ -271,7 +271,7 @@ def test_the_command_line_extracts_exports_and_the_vectors_steer_generate(defaul
                      "--out", str(tmp_path / "steer.pt")]) in (0, None)
     out = capsys.readouterr().out
     assert "directions at layers [10, 20], scale 4.0 baked in" in out
-    assert list(torch.load(tmp_path / "steer.pt", weights_only=False)) == ["layers.10",
+    assert list(torch.load(tmp_path / "steer.pt", weights_only=True)) == ["layers.10",
                                                                            "layers.20"]
     folder = CAAVectors.from_pretrained(tmp_path / "vectors", model=model)
     imported = CAAVectors.from_pretrained(tmp_path / "joy.gguf", model=model)

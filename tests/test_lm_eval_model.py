@@ -143,7 +143,7 @@ def test_our_caa_equals_lm_evals_steered_model(default_model, steering, tmp_path
     ``layers.L.self_attn``, where our CAA writes (a pre-norm Llama)."""
     model, tokenizer = default_model
     path = export_lm_eval_steer(steering["caa"], model, tmp_path / "steer.pt")
-    assert list(torch.load(path, weights_only=False)) == [f"layers.{CAA_LAYER}.self_attn"]
+    assert list(torch.load(path, weights_only=True)) == [f"layers.{CAA_LAYER}.self_attn"]
     theirs = SteeredModel(pretrained=model, tokenizer=tokenizer, steer_path=str(path),
                           batch_size=3)
     ours = _lm(default_model, caa=steering["caa"])
