@@ -51,7 +51,7 @@ from hf_memory.models.transformers_compat import cache_from_kwargs
 from hf_memory.steering.call_scope import CallScope, InUse
 
 __all__ = ["CAAHandle", "CAAVectors", "SITES", "apply_caa", "export_control_vector",
-           "load_control_vector"]
+           "load_control_vector", "write_site"]
 
 # Version 1: post-attention vectors (no site recorded); version 2 records the site, written only
 # for block-output vectors, so a version-1 reader refuses them rather than steer at the wrong site.
@@ -70,6 +70,16 @@ WEIGHTS_NAME = "caa_vectors.safetensors"
 class _ResidualsRead(Exception):
     """Ends an extraction's forward pass at the deepest layer it reads."""
 
+
+
+def write_site(model: nn.Module, site: str, layer: int) -> tuple[nn.Module, float]:
+    """The module whose output a vector at ``site`` of ``layer`` is added to, and the gain that
+    output joins the residual stream with (adding ``scale · v / gain`` moves the stream by
+    exactly ``scale · v``; a decoder layer's output is the stream itself)."""
+    adapter = get_adapter(model)
+    if site == "post_attention":
+        return adapter.residual_write(model, layer), adapter.residual_gain(model)
+    return adapter.layers(model)[layer], 1.0
 
 class CAAVectors:
     """Steering vectors per layer, ``{layer: [hidden]}``, with their provenance."""
@@ -354,17 +364,12 @@ class CAAHandle(CallScope):
         self.start_position = start_position
         self._start = start.reshape(-1, 1)
         self._offset = threading.local()  # cache length at this thread's forward pass
-        adapter = get_adapter(model)
         parameter = next(model.parameters())
         self._hooks = [model.register_forward_pre_hook(self._track_position, with_kwargs=True)]
-        post_attention = vectors.site == "post_attention"
-        # the stream moves by exactly scale · v: a decoder layer's output is the stream itself
-        gain = adapter.residual_gain(model) if post_attention else 1.0
         for layer, vector in vectors.vectors.items():
+            module, gain = write_site(model, vectors.site, layer)
             delta = (self.scale * vector / gain).to(device=parameter.device,
                                                     dtype=parameter.dtype)
-            module = (adapter.residual_write(model, layer) if post_attention
-                      else adapter.layers(model)[layer])
             self._hooks.append(module.register_forward_hook(
                 lambda _m, _args, output, delta=delta: self._add(output, delta)))
         self._begin(active)

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from hf_memory.artifacts.atomic_files import write_file
-from hf_memory.baselines.caa import CAAVectors
-from hf_memory.models.adapters import get_adapter
+from hf_memory.baselines.caa import CAAVectors, write_site
 
 __all__ = ["export_lm_eval_steer", "lm_eval_steer_config"]
 
@@ -35,13 +34,9 @@ def _hookpoint(model: nn.Module, module: nn.Module) -> str:
 def lm_eval_steer_config(vectors: CAAVectors, model: nn.Module) -> dict[str, dict]:
     """The ``{hookpoint: {...}}`` mapping lm-eval's ``steered`` model reads, for ``model``."""
     vectors.check_model(model)
-    adapter = get_adapter(model)
-    post_attention = vectors.site == "post_attention"
-    gain = adapter.residual_gain(model) if post_attention else 1.0
     config = {}
     for layer, vector in vectors.vectors.items():
-        module = (adapter.residual_write(model, layer) if post_attention
-                  else adapter.layers(model)[layer])
+        module, gain = write_site(model, vectors.site, layer)
         config[_hookpoint(model, module)] = {
             "steering_vector": (vector / gain).contiguous().cpu(),
             "steering_coefficient": vectors.scale, "action": "add", "bias": None,
