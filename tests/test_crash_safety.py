@@ -44,10 +44,15 @@ def _partial_files(directory: Path) -> list[str]:
 def _private_progress_lock() -> None:
     """tqdm's write lock holds a semaphore shared across ``fork``: a child killed while holding
     it (a progress bar of ``save_pretrained``) blocked this process's next progress bar forever
-    (a loading bar in the CI rehearsal, 2026-12-06). The child takes a lock of its own."""
+    (a loading bar in the CI rehearsal, 2026-12-06). The child gives every tqdm class a lock
+    of its own."""
     from tqdm import tqdm
 
-    tqdm.set_lock(threading.RLock())
+    classes = [tqdm]
+    while classes:  # every tqdm class: a subclass that made a bar here holds its own lock
+        cls = classes.pop()
+        cls._lock = threading.RLock()
+        classes.extend(cls.__subclasses__())
 
 
 def _fork(work: Callable[[int], None]) -> tuple[int, int]:
