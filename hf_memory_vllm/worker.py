@@ -9,10 +9,11 @@ two places of vLLM's own modules (their code unchanged):
 - the attention layer's output: the steered requests' keys are also written to a *shadow
   cache* indexed by vLLM's own slot mapping (so their history can be read back whatever the
   attention backend's cache layout), and for every steered request the rows of its tokens at
-  its steered heads are replaced by :func:`hf_memory.steering.mixture.bank_mixture_over`: vLLM's own
-  attention output over the request's history, merged with its banks by one softmax over the
-  history's scores and the slot logits — the mixture ``steer()`` computes in transformers with
-  :func:`hf_memory.steering.mixture.bank_mixture`, on the same bank tensors
+  its steered heads are replaced by the mixture's ``"paged"`` form
+  (:mod:`hf_memory.steering.dispatch`, :func:`hf_memory.steering.mixture.bank_mixture_over`):
+  vLLM's own attention output over the request's history, merged with its banks by one softmax
+  over the history's scores and the slot logits — the mixture ``steer()`` computes in
+  transformers with :func:`hf_memory.steering.mixture.bank_mixture`, on the same bank tensors
   (:func:`hf_memory.steering.site_plan.plan_sites`), without reading the history's values again.
 
 Bookkeeping is made once per forward pass (:class:`_Step`): decoding requests at the same sites
@@ -46,7 +47,8 @@ from hf_memory.models.fingerprint import (
     fingerprint_of,
     weights_digest,
 )
-from hf_memory.steering.mixture import BankStack, bank_mixture_over, history_bias
+from hf_memory.steering.dispatch import MixtureInputs, choose_form, implementation
+from hf_memory.steering.mixture import BankStack, history_bias
 from hf_memory.steering.site_plan import SitePlan, plan_sites
 
 from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest, bank_set_size
@@ -54,6 +56,8 @@ from .registry import FINGERPRINT_IGNORES, Registry, SteeringRequest, bank_set_s
 __all__ = ["BATCH", "WorkerSteering"]
 
 logger = logging.getLogger(__name__)
+# the mixture's form in a vLLM worker, by the one dispatcher (bank_mixture_over)
+MIXTURE = implementation(choose_form(MixtureInputs(host="vllm")))
 
 # model_type → the module whose output is the pre-RoPE query ("qkv_proj": its query columns);
 # the architectures served steered by vLLM, a subset of those steer() supports
@@ -542,10 +546,10 @@ class WorkerSteering:
             # ``width`` positions of each read (a view: a row's one block when width < block)
             history = by_block.index_select(1, blocks)[:, :, :width].reshape(
                 self.kv_heads, len(group.lengths), -1, head_dim)
-            mixed = bank_mixture_over(group.queries(output), group.queries(q_pre),
-                                      group.queries(query), history, bias, site.stack,
-                                      scaling=scaling, gamma=site.gamma, softcap=softcap,
-                                      strength=site.strength)
+            mixed = MIXTURE(group.queries(output), group.queries(q_pre),
+                            group.queries(query), history, bias, site.stack,
+                            scaling=scaling, gamma=site.gamma, softcap=softcap,
+                            strength=site.strength)
             group.put(output, site.heads, mixed)
 
     def _shadow_cache(self, layer: int, attention: nn.Module):

@@ -5,7 +5,8 @@ layer where the running call's steering (:data:`ACTIVE_STEERING`) has a site, th
 history in one softmax: merged into the stock kernel's output by its log-sum-exp
 (:mod:`hf_memory.steering.stock_attention`; on CUDA in one Triton kernel,
 :mod:`hf_memory.steering.fused_merge`) where that kernel applies, else by recomputing the
-history beside it (:func:`~hf_memory.steering.mixture.bank_mixture`, the reference). A contrast
+history beside it (:func:`~hf_memory.steering.mixture.bank_mixture`, the reference): the form
+:mod:`hf_memory.steering.dispatch` picks per site. A contrast
 site (:attr:`~hf_memory.banks.bank_set.BankSet.contrast`) computes both mixtures from the same
 history and writes o_h + s·(o_{h,target} − o_{h,reference}). Layers and heads without a site call
 the stock function unchanged.
@@ -27,16 +28,16 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_memory.steering.call_scope import InUse
+from hf_memory.steering.dispatch import REFERENCE, implementation, resolve_form
 from hf_memory.steering.mixture import (
     BankStack,
     HeadSlots,
     bank_mixture,
-    bank_mixture_by_lse,
     toward,
     visible_keys,
 )
 from hf_memory.steering.rotary import pre_rope_query
-from hf_memory.steering.stock_attention import attention_with_lse, lse_kernel_available
+from hf_memory.steering.stock_attention import attention_with_lse
 
 __all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "ROTARY_KWARG",
            "STEERING_IN_USE", "STEERING_KWARG", "SiteState", "running_steering"]
@@ -109,24 +110,21 @@ def _write_steered(output: torch.Tensor, mixed: torch.Tensor, site: SiteState,
     output[:, :, site.heads] = steered.transpose(1, 2).to(output.dtype)
 
 
-def _by_lse(site: SiteState, base_name: str, query: torch.Tensor, dropout: float,
-            kwargs: Mapping[str, Any]) -> bool:
-    """Whether ``site`` merges its banks into the stock kernel's output by log-sum-exp (the
-    model's SDPA attention with no soft-cap, sinks or position bias, a kernel that returns the
-    log-sum-exp for this device and dtype, and no routing to record); else the history is
-    recomputed beside the stock call (:func:`bank_mixture`)."""
-    return (site.path in ("auto", "torch") and base_name == "sdpa" and not dropout
-            and not site.record_routing and not site.trace_only
-            and not any(kwargs.get(name) is not None
-                        for name in ("softcap", "s_aux", "sinks", "position_bias"))
-            and lse_kernel_available(query))
+def _form(site: SiteState, base_name: str, query: torch.Tensor, dropout: float,
+          kwargs: Mapping[str, Any]) -> str:
+    """The mixture form at ``site`` for this call (``"reference"``, ``"lse"`` or ``"fused"``,
+    :func:`~hf_memory.steering.dispatch.resolve_form`)."""
+    return resolve_form(path=site.path, base=base_name, dropout=dropout,
+                        history_scores=site.record_routing or site.trace_only, kwargs=kwargs,
+                        query=query, slots=site.head_slots)
 
 
 def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
-                  scaling: float, subset: bool) -> torch.Tensor:
+                  scaling: float, subset: bool, form: str) -> torch.Tensor:
     """The steered output ``[B, T, Hs, D]`` (the model's dtype) of the site's query heads (all
     heads unless ``subset``) from the stock kernel's attention over the history and its
-    log-sum-exp (no copy of the cache in float32: only the bank slots are scored)."""
+    log-sum-exp (no copy of the cache in float32: only the bank slots are scored), merged by
+    ``form`` (``LSE`` or ``FUSED``)."""
     q_len, kv_len = query.shape[2], key.shape[2]
     causal_skip = attention_mask is None and q_len in (1, kv_len)
     visible = None if causal_skip else visible_keys(attention_mask, q_len, kv_len, query.device)
@@ -148,7 +146,7 @@ def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
         log_count = visible.sum(-1).clamp_(min=1).to(dtype).log_()
     common = dict(scaling=scaling, log_count=log_count, gamma=site.gamma,
                   size_normalize=site.size_normalize)
-    merge = _merge_for(site, query)
+    merge = implementation(form)
     if site.minus_slots is None:
         return merge(history, lse, q_pre, query, site.head_slots, strength=site.strength,
                      out_dtype=query.dtype, **common)
@@ -156,18 +154,6 @@ def _mixed_by_lse(q_pre, query, key, value, attention_mask, site: SiteState,
                    for slots in (site.head_slots, site.minus_slots))
     steered = history.transpose(1, 2).to(dtype) + site.strength * (plus - minus)
     return steered.to(query.dtype)
-
-
-def _merge_for(site: SiteState, query: torch.Tensor):
-    """The function merging the banks into the history's output: one Triton kernel on CUDA
-    under the ``auto`` path where it applies (:mod:`hf_memory.steering.fused_merge`, imported
-    only then: a CPU process never loads Triton), else :func:`bank_mixture_by_lse`."""
-    if site.path == "auto" and query.is_cuda and not torch.compiler.is_compiling():
-        from hf_memory.steering.fused_merge import fused_bank_mixture_by_lse, fused_merge_applies
-
-        if fused_merge_applies(query, site.head_slots):
-            return fused_bank_mixture_by_lse
-    return bank_mixture_by_lse
 
 
 def _mixtures(q_pre, query, key, value, visible, site: SiteState, scaling: float,
@@ -206,20 +192,21 @@ def _steered_attention(base_name: str):
                                "hook capture and no rotary embedding passed to the layer)")
         scaling = module.scaling if scaling is None else scaling
         (rows, site), *others = groups
-        if all(_by_lse(site, base_name, query, dropout, kwargs) for _, site in groups):
+        forms = [_form(site, base_name, query, dropout, kwargs) for _, site in groups]
+        if REFERENCE not in forms:  # every site merges into the stock kernel's output
             if rows is None and not others and site.all_heads:  # one call, no stock call
                 return _mixed_by_lse(q_pre, query, key, value, attention_mask, site, scaling,
-                                     subset=False), None
+                                     subset=False, form=forms[0]), None
             output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                    dropout=dropout, **kwargs)
-            for rows, site in groups:
+            for (rows, site), form in zip(groups, forms, strict=True):
                 part = slice(None) if rows is None else rows
                 mask = (attention_mask if attention_mask is None or attention_mask.shape[0] == 1
                         else attention_mask[part])
                 steered = output[part]
                 steered[:, :, site.heads] = _mixed_by_lse(
                     q_pre[part], query[part], key[part], value[part], mask, site, scaling,
-                    subset=True).to(output.dtype)
+                    subset=True, form=form).to(output.dtype)
                 output[part] = steered
             return output, weights
         visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)

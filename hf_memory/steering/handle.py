@@ -34,6 +34,7 @@ from hf_memory.models.adapters import get_adapter
 from hf_memory.models.transformers_compat import cache_from_kwargs
 from hf_memory.steering.attention import ACTIVE_STEERING, STEERING_IN_USE, SiteState
 from hf_memory.steering.call_scope import CallScope
+from hf_memory.steering.dispatch import MIXTURE_PATHS
 from hf_memory.steering.host import acquire_host, release_host
 from hf_memory.steering.mixture import HeadSlots
 from hf_memory.steering.site_plan import plan_sites
@@ -42,8 +43,6 @@ __all__ = ["RowSteering", "SteeringHandle", "check_strength", "is_per_row", "ste
            "steered_generate"]
 
 logger = logging.getLogger(__name__)
-
-MIXTURE_PATHS = ("auto", "torch", "reference")
 
 
 def check_strength(strength: Any) -> float:
