@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +28,12 @@ from hf_memory.banks.capture import capture_outputs
 from hf_memory.chat.generation import chat_messages
 from hf_memory.models.adapters import get_adapter
 from hf_memory.models.fingerprint import model_fingerprint
+from hf_memory.selection.search_types import (
+    AttentionConfig,
+    SelectionResult,
+    config_from,
+    keyword_defaults,
+)
 from hf_memory.steering.handle import steer
 
 __all__ = ["DIAGNOSTICS", "alignment_margin", "calibrate_by_attention", "select_sites",
@@ -109,7 +114,8 @@ def calibrate_by_attention(
     chat_template: bool = True,
     batch_size: int = 4,
     progress: bool = True,
-) -> dict[str, Any]:
+    config: AttentionConfig | None = None,
+) -> SelectionResult:
     """Algorithm 1: score every candidate unit on ``prompts`` and pick the best sites; returns
     the :class:`~hf_memory.selection.selector.Selector` fields.
 
@@ -135,8 +141,22 @@ def calibrate_by_attention(
         positions: ``"user"`` averages the statistics over the user's text and the
             assistant prefix only (not the chat template's system prompt); ``"all"`` over
             every non-padding position.
+        config: the knobs above as one :class:`~hf_memory.selection.search_types.AttentionConfig`,
+            instead of the keywords.
+
+    Returns:
+        A :class:`~hf_memory.selection.search_types.SelectionResult` (a read-only mapping of
+        the selector fields).
     """
-    config = model.config
+    search = config_from(config, AttentionConfig,
+                         {name: value for name, value in locals().items()
+                          if name in _KEYWORDS}, _KEYWORDS)
+    scoring, top_layers, top_units = search.scoring, search.top_layers, search.top_units
+    xi, chi, aggregate, order = scoring.xi, scoring.chi, scoring.aggregate, scoring.order
+    layer_gains, positions, chat_template = (scoring.layer_gains, search.positions,
+                                             search.chat_template)
+    unit_type, batch_size = search.unit_type, search.batch_size
+    model_config = model.config
     adapter = get_adapter(model)
     roles = [bank.role for bank in banks]
     if "target" not in roles or "reference" not in roles:
@@ -150,19 +170,20 @@ def calibrate_by_attention(
     if layer_gains not in ("uniform", "relative"):
         raise ValueError(f"layer_gains must be 'uniform' or 'relative', got {layer_gains!r}")
     if unit_type == "auto":
-        grouped = config.num_key_value_heads < config.num_attention_heads
+        grouped = model_config.num_key_value_heads < model_config.num_attention_heads
         unit_type = "kv_group" if grouped else "head"
     if unit_type not in ("head", "kv_group"):
         raise ValueError(f"unit_type must be 'head', 'kv_group' or 'auto', got {unit_type!r}")
     target, reference = (next(b for b in banks if b.role == role)
                          for role in ("target", "reference"))
     covered = sorted(set(target.layers) & set(reference.layers))
-    candidates = covered if candidate_layers is None else sorted(set(candidate_layers))
+    candidates = (covered if search.candidate_layers is None
+                  else sorted(set(search.candidate_layers)))
     missing = sorted(set(candidates) - set(covered))
     if missing or not candidates:
         raise ValueError(f"candidate layers {missing or candidates} are not covered by both "
                          "the target and the reference bank")
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    heads, kv_heads = model_config.num_attention_heads, model_config.num_key_value_heads
     group = heads // kv_heads
     device = next(model.parameters()).device
     target_col, reference_col = 1 + roles.index("target"), 1 + roles.index("reference")
@@ -187,7 +208,7 @@ def calibrate_by_attention(
     tokenizer.padding_side = "left"
     try:
         batches = range(0, len(texts), batch_size)
-        for start in tqdm(batches, desc="calibrating", disable=not progress):
+        for start in tqdm(batches, desc="calibrating", disable=not search.progress):
             batch = tokenizer(texts[start:start + batch_size], return_tensors="pt",
                               padding=True, add_special_tokens=False).to(device)
             valid = batch["attention_mask"].bool()
@@ -235,7 +256,7 @@ def calibrate_by_attention(
         gains = {candidates[row]: (min(1.0, max(0.0, float(layer_scores[row]) / best))
                                    if best > 0 else 1.0) for row in rows}
     prompts_hash = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
-    return dict(
+    return SelectionResult(
         layers=layers, units=dict(sorted(chosen_units.items())), unit_type=unit_type,
         layer_gains=dict(sorted(gains.items())), candidate_layers=list(candidates),
         diagnostics={**{k: v.to(torch.float32) for k, v in per_unit.items()},
@@ -247,6 +268,9 @@ def calibrate_by_attention(
                 "num_positions": count, "prompts_sha256": prompts_hash,
                 "banks": banks.audit(), "layer_scores": layer_scores.tolist()},
         fingerprint=model_fingerprint(model))
+
+
+_KEYWORDS = keyword_defaults(calibrate_by_attention)
 
 
 def _tokens_before(tokenizer, text: str, prompt: str) -> int:

@@ -3,8 +3,10 @@
 The default is the cost-budgeted search (:mod:`hf_memory.selection.budget_search`): the most
 movement of the calibration pairs whose cost on neutral text stays within the budget, net of a
 neutral control bank's movement, with sites whose movement does not hold on a validation split
-of the pairs dropped. ``cost_budget=None`` runs the unbudgeted search of
-:mod:`hf_memory.selection.behavioural_search`.
+of the pairs dropped (the ``"budgeted"`` algorithm). ``cost_budget=None`` runs the
+``"unbudgeted"`` search of :mod:`hf_memory.selection.behavioural_search`. The knobs also come
+typed (:class:`~hf_memory.selection.search_types.BehaviouralConfig`), and so does the result
+(:class:`~hf_memory.selection.search_types.SelectionResult`).
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ from hf_memory.selection.behavioural_search import (
 )
 from hf_memory.selection.budget_search import DEFAULT_STRENGTHS, PROMPT_LIKE_GAINS, BudgetSearch
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
+from hf_memory.selection.search_types import (
+    BUDGETED,
+    DEFAULT_GAINS,
+    VALIDATION_FRACTION,
+    BehaviouralConfig,
+    SelectionResult,
+    config_from,
+    keyword_defaults,
+)
 
 __all__ = ["DEFAULT_GAINS", "VALIDATION_FRACTION", "calibrate_by_behaviour", "pairs_digest",
            "split_pairs"]
-
-DEFAULT_GAINS = (0.5, 1.0, 2.0, 4.0)
-VALIDATION_FRACTION = 1 / 3
 
 
 def pairs_digest(pairs: Sequence[tuple[str, str, str]],
@@ -76,7 +84,8 @@ def calibrate_by_behaviour(
     kv_ceiling: int | None = None,
     capability: Any = None,
     capability_ceiling: float | None = None,
-) -> dict[str, Any]:
+    config: BehaviouralConfig | None = None,
+) -> SelectionResult:
     """Select sites by the movement they cause within a cost budget (the default); returns the
     :class:`~hf_memory.selection.selector.Selector` fields. The most
     movement whose cost on neutral text stays within ``cost_budget``
@@ -141,65 +150,86 @@ def calibrate_by_behaviour(
             (:class:`~hf_memory.metrics.factual.AnswerCost`) and the nats per answer it may
             reach (budgeted search; both or neither): a dial setting is within budget only
             when it is within both ceilings.
+        config: the knobs above as one :class:`~hf_memory.selection.search_types.BehaviouralConfig`
+            (its ``algorithm`` names the search), instead of the keywords.
+
+    Returns:
+        A :class:`~hf_memory.selection.search_types.SelectionResult` (a read-only mapping of
+        the selector fields; ``"strength"`` from the budgeted search only).
     """
-    config = model.config
+    search = config_from(config, BehaviouralConfig,
+                         {name: value for name, value in locals().items()
+                          if name in _KEYWORDS}, _KEYWORDS)
+    weights, budgeted = search.weights, search.budgeted
+    cost_budget, cost = search.cost_budget, search.cost
+    model_config = model.config
     get_adapter(model)
     banks.check_model(model)
     covered = sorted({layer for bank in banks for layer in bank.layers})
-    candidates = covered if candidate_layers is None else sorted(set(candidate_layers))
+    candidates = (covered if search.candidate_layers is None
+                  else sorted(set(search.candidate_layers)))
     missing = sorted(set(candidates) - set(covered))
     if missing or not candidates:
         raise ValueError(f"candidate layers {missing or candidates} are not covered by any "
                          "bank")
-    if cost_budget is not None or cost_weight:
-        check_weight("cost_weight", cost_weight)
+    if cost_budget is not None or weights.cost_weight:
+        check_weight("cost_weight", weights.cost_weight)
         if cost_budget is not None:
             check_weight("cost_budget", cost_budget)
         cost = cost if cost is not None else NeutralCost(model, tokenizer,
-                                                         batch_size=batch_size)
+                                                         batch_size=search.batch_size)
     held = 0
     if cost_budget is not None:  # the validation split: a budgeted search's alone
+        validation = budgeted.validation
         if not (isinstance(validation, int | float) and 0 <= validation < 1):
             raise ValueError(f"validation must be a fraction in [0, 1), got {validation!r}")
         held = int(len(pairs) * validation) if len(pairs) * validation >= 2 else 0
     search_pairs, check_pairs = split_pairs(pairs, held)
     objective = ShiftObjective(model, tokenizer, search_pairs, dict(drift_pairs or {}),
-                               drift_weight=drift_weight,
-                               uncertainty_weight=uncertainty_weight, batch_size=batch_size,
-                               cost=cost, cost_weight=cost_weight)
-    if cost_budget is None and (kv_ceiling is not None or capability is not None):
+                               drift_weight=weights.drift_weight,
+                               uncertainty_weight=weights.uncertainty_weight,
+                               batch_size=search.batch_size, cost=cost,
+                               cost_weight=weights.cost_weight)
+    if cost_budget is None and (budgeted.kv_ceiling is not None
+                                or budgeted.capability is not None):
         raise ValueError("kv_ceiling and capability apply to the budgeted search: give a "
                          "cost_budget")
-    if cost_budget is not None:
+    if search.algorithm == BUDGETED:
+        control_banks = budgeted.control_banks
         if isinstance(control_banks, str):
             if control_banks != "recipe":
                 raise ValueError("control_banks must be a BankSet, 'recipe' or None, got "
                                  f"{control_banks!r}")
             control_banks = neutral_control(model, tokenizer, banks)
         return _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective,
-                             candidates, cost_budget=cost_budget,
-                             control_banks=control_banks, strengths=strengths,
-                             dial_gains=dial_gains, unit_search=unit_search,
-                             top_layers=top_layers, layer_stride=layer_stride,
-                             check_pairs=check_pairs, progress=progress,
-                             limits={"kv_ceiling": kv_ceiling, "capability": capability,
-                                     "capability_ceiling": capability_ceiling})
+                         candidates, cost_budget=cost_budget,
+                         control_banks=control_banks, strengths=budgeted.strengths,
+                         dial_gains=budgeted.dial_gains, unit_search=budgeted.unit_search,
+                         top_layers=search.top_layers, layer_stride=budgeted.layer_stride,
+                         check_pairs=check_pairs, progress=search.progress,
+                         limits={"kv_ceiling": budgeted.kv_ceiling,
+                                 "capability": budgeted.capability,
+                                 "capability_ceiling": budgeted.capability_ceiling})
+    top_layers, gains = search.top_layers, search.unbudgeted.gains
+    max_evaluations = search.unbudgeted.max_evaluations
     budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
               else max_evaluations)
     best, history = search_sites(objective, banks, candidates, top_layers=top_layers,
-                                 gains=gains, max_evaluations=budget, progress=progress)
+                                 gains=gains, max_evaluations=budget, progress=search.progress)
     singles = {h.layers[0]: h for h in history[:len(candidates)]}
     diagnostics = {name: torch.tensor([[getattr(singles[layer], name)]
                                        for layer in candidates], dtype=torch.float32)
                    for name in ("target", "target_se", "drift", "score")}
-    heads = config.num_attention_heads
-    return dict(
+    heads = model_config.num_attention_heads
+    return SelectionResult(
         layers=list(best.layers), units={layer: list(range(heads)) for layer in best.layers},
         unit_type="head", layer_gains={layer: best.gain for layer in best.layers},
         candidate_layers=list(candidates), diagnostics=diagnostics,
         config={"objective": "behavioural", "top_layers": top_layers,
-                "gains": sorted(float(g) for g in gains), "drift_weight": drift_weight,
-                "uncertainty_weight": uncertainty_weight, "cost_weight": cost_weight,
+                "gains": sorted(float(g) for g in gains),
+                "drift_weight": weights.drift_weight,
+                "uncertainty_weight": weights.uncertainty_weight,
+                "cost_weight": weights.cost_weight,
                 "max_evaluations": budget, "evaluations": objective.evaluations,
                 "num_pairs": len(pairs), "drift_groups": sorted(drift_pairs or {}),
                 "pairs_sha256": pairs_digest(pairs, drift_pairs), "banks": banks.audit(),
@@ -207,9 +237,12 @@ def calibrate_by_behaviour(
         fingerprint=model_fingerprint(model))
 
 
+_KEYWORDS = keyword_defaults(calibrate_by_behaviour)
+
+
 def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates, *,
               cost_budget, control_banks, strengths, dial_gains, unit_search, top_layers,
-              layer_stride, check_pairs, progress, limits) -> dict[str, Any]:
+              layer_stride, check_pairs, progress, limits) -> SelectionResult:
     """:func:`calibrate_by_behaviour` under a cost budget (``objective`` over the search
     pairs; ``check_pairs``: the validation split, possibly empty; ``limits``: the KV and
     capability ceilings of :class:`BudgetSearch`)."""
@@ -248,7 +281,7 @@ def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates
                                 "strength", "gain")}
     units = {layer: list(u) for layer, u in best.units or ()}
     heads_per_unit = config.num_attention_heads // search.num_units
-    return dict(
+    return SelectionResult(
         layers=list(best.layers), units=units, unit_type=unit_type,
         layer_gains=dict.fromkeys(best.layers, best.gain),
         candidate_layers=list(candidates),

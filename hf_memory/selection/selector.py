@@ -15,7 +15,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ class SelectorFormatError(ValueError):
     """A saved selector is missing, corrupt or inconsistent."""
 
 
-def _frozen(search: Callable[..., dict[str, Any]], name: str) -> classmethod:
+def _frozen(search: Callable[..., Mapping[str, Any]], name: str) -> classmethod:
     """A classmethod that runs ``search`` and freezes its result into a selector; it shows the
     search's signature and documentation."""
 
