@@ -152,15 +152,20 @@ def makefile_targets() -> frozenset[str]:
     return frozenset(targets)
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The direct subcommands of ``parser`` by name, aliases included."""
+    return {name: sub for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for name, sub in action.choices.items()}
+
+
 def _subcommand_path_problem(words: list[str]) -> str | None:
     """Whether the words before a ``--help`` name a path of subcommands that exists."""
     parser = _parser()
     for word in words:
         if word.startswith("-"):
             break
-        choices = {name: sub for action in parser._actions
-                   if isinstance(action, argparse._SubParsersAction)
-                   for name, sub in action.choices.items()}
+        choices = _subcommands(parser)
         if word not in choices:
             return f"no subcommand {word!r} of {parser.prog!r} (has: {', '.join(choices)})"
         parser = choices[word]
@@ -308,7 +313,10 @@ def test_the_documentation_builds_without_a_warning(tmp_path):
         cwd=ROOT, text=True, capture_output=True, timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, f"sphinx-build -W failed:\n{result.stderr[-6000:]}"
-    assert (tmp_path / "html" / "cli" / "index.html").read_text().count("hf-memory eval") > 0
+    cli_page = (tmp_path / "html" / "cli" / "index.html").read_text()
+    first_names = {id(sub): name for name, sub in reversed(_subcommands(_parser()).items())}
+    missing = [name for name in first_names.values() if f"hf-memory {name}<" not in cli_page]
+    assert missing == [], f"commands without a section in the CLI reference: {missing}"
     print(f"the documentation built in {time.perf_counter() - start:.0f} s")
 
 
@@ -372,6 +380,16 @@ def test_the_checker_joins_continued_lines_and_reads_prompts():
     assert commands(block) == [(2, "curl -d '{\n \"a\": 1}'"), (4, "ls -l")]
     console = Block("console", 10, "$ make test\noutput line\n$ git status")
     assert commands(console) == [(11, "make test"), (13, "git status")]
+
+
+def test_the_checker_reads_help_lines_environment_assignments_and_the_vllm_environment():
+    assert check_command("hf-memory caa export control-vector --help") is None
+    assert check_command("hf-memory caa no-such --help").startswith(
+        "no subcommand 'no-such' of 'hf-memory caa'")
+    assert check_command("hf-memory --version") is None
+    assert check_command("HF_HUB_OFFLINE=1 make no-such") == "no Makefile target no-such"
+    assert check_command(".venv-vllm/bin/python -m vllm.entrypoints.openai.api_server") is None
+    assert check_command(".venv/bin/python -m vllm.entrypoints.openai.api_server") is not None
 
 
 def test_the_checker_runs_python_blocks_in_order_and_reads_benchmark_pages_commands_only():
