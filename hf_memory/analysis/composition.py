@@ -1,6 +1,7 @@
 """Section 5: how memories compose within a layer and how layers refine the prediction.
 
 With ``top`` the logit-lens argmax, per layer and sampled prefix:
+
 - zero agreement (5.1): ``top(y) != top(s_i · v_i)`` for every active memory i, where ``s_i`` is
   the sign of its coefficient (vacuously true when no memory is active);
 - where the layer's prediction comes from (5.2), comparing ``top(r)``, ``top(y)``, ``top(o)``:

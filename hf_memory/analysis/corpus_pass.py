@@ -1,6 +1,7 @@
 """One forward pass over the corpus that gathers everything the analyses need.
 
 Per analysed layer, over every predicting prefix of the corpus (see ``corpus``):
+
 - trigger examples: the top-k prefixes by coefficient, streamed (``StreamingTopK``), never the
   full ``[P, M]`` matrix. Polarity ``+`` ranks by ``m_i`` (largest first: the prefixes that write
   ``+v_i`` hardest); for signed (gated) MLPs polarity ``-`` ranks by ``-m_i`` (prefixes that write

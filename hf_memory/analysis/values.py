@@ -5,11 +5,13 @@ through the logit lens: ``p_i = softmax(lens(s · v_i))``, i.e. the final-norm g
 ``logit_lens``). Its top token is ``top(s · v_i)``.
 
 Agreement (section 4), per layer and polarity, over the memories:
+
 - ``agreement_top1``: the value's top token is the target (next token) of its top-1 trigger
   prefix (the paper's definition);
 - ``agreement_any``: it is the target of at least one of its top-k trigger prefixes;
 - the ``baseline_*`` rates use the targets of a random other memory of the same layer (a seeded
   permutation), which keeps the token frequencies of real targets.
+
 ``target_rank``: rank (0 = top) of the top-1 trigger's target in the value's distribution
 (figure 5; only the top-1 trigger, since each rank costs a pass over the vocabulary).
 """

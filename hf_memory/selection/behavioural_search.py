@@ -4,7 +4,7 @@ nowhere else (the task-level selector that the paper's appendix C names as the g
 The diagnostic selector ranks sites by what the banks *would* receive (alignment, routing mass);
 on small models that ranking can be inverted — any bank shifts the model, and the sites that take
 the most bank mass are not the ones where the content steers. This selector instead measures the
-effect directly on calibration contrast pairs (:mod:`hf_memory.metrics.likelihood`):
+effect directly on calibration contrast pairs (:mod:`hf_memory.metrics.likelihood`)::
 
     target(S) = mean over target pairs of the margin shift under steering at sites S
     se(S)     = its standard error over the pairs (sample std / √n)
@@ -17,6 +17,7 @@ shifts on a 135M model are large and of both signs (a bank at one layer moves si
 consistently, and picking the best of ~30 noisy means overfits the calibration pairs.
 
 Search, with a fixed budget of scored configurations (each one batch of forward passes):
+
 1. every candidate layer alone (all units) at the largest gain;
 2. greedy: walk the layers by their stage-1 score and keep adding one while the joint score
    improves, up to ``top_layers`` layers;
@@ -88,8 +89,7 @@ class ShiftObjective:
         drift_weight: weight of drift in the score.
         uncertainty_weight: weight of the target's standard error in the score (0: the mean).
         cost: what a method costs on neutral text
-        (:class:`~hf_memory.metrics.steering_cost.NeutralCost`;
-            None: not measured).
+            (:class:`~hf_memory.metrics.steering_cost.NeutralCost`; None: not measured).
         cost_weight: weight of the cost in the score (nats of target movement per nat per
             token of neutral text; needs ``cost``).
     """
@@ -170,7 +170,7 @@ def check_weight(name: str, value: float) -> float:
 def summarize_shifts(shift: torch.Tensor, bounds: Sequence[int]) -> tuple[float, float, float]:
     """(mean, standard error, drift) of per-pair margin shifts: ``shift[bounds[0]:bounds[1]]``
     are the target pairs (mean and sample std / √n; 0 for one pair), each further
-    ``shift[bounds[i]:bounds[i + 1]]`` a drift group (drift: mean of the groups' |mean|)."""
+    ``shift[bounds[i]:bounds[i + 1]]`` a drift group (drift: mean of the groups' ``|mean|``)."""
     groups = [shift[a:b].double() for a, b in zip(bounds, bounds[1:], strict=False)]
     target = groups[0]
     se = float(target.std() / len(target) ** 0.5) if len(target) > 1 else 0.0

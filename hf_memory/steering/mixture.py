@@ -1,7 +1,7 @@
 """The bank-level attention mixture of memory inception (paper eq. 4–5, 8–9), in float32 or wider.
 
 At a steered site the prompt/history keys form bank 0 and every memory bank b competes through
-its evidence β_b; the output is o* = Σ_b π_b o_b with π = softmax(β). With size normalisation
+its evidence β_b; the output is o* = Σ_b π_b o_b with π = softmax(β). With size normalisation::
 
     β_x = log mean_j exp(s_j^x)                         (prompt, over the T_t visible keys)
     β_b = log mean_m exp(s_m^b) + c_b                    (memory bank b, M_b slots)

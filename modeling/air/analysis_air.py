@@ -311,8 +311,8 @@ def maze_locality_values(model, input_ids, labels, size: int, segments: int | No
 
     Returns ``segment``, ``row``, ``cell``, ``error_adjacent`` (the window holds a cell whose
     decoded z_H differs from the label) and ``[n_queries, layers]``: ``delta_density_n4``,
-    ``delta_density_n8``, ``delta_density_window`` ((mass_L − mass_H) / |N| with |N| the cells
-    of the neighbourhood inside the grid), ``delta_ent`` (Ent_H − Ent_L over all cells),
+    ``delta_density_n8``, ``delta_density_window`` (``(mass_L − mass_H) / |N|`` with ``|N|``
+    the cells of the neighbourhood inside the grid), ``delta_ent`` (Ent_H − Ent_L over all cells),
     ``delta_V`` (mass_L − mass_H on wrong cells) and ``delta_V_within`` (as for Sudoku, inside
     the window).
     """
