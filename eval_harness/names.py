@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "PERSONA_SETS", "RULES", "TASKS",
+__all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "PERSONA_SETS", "RULES",
            "check_positive_ints", "checked_directions"]
 
 FACTORS = ("O", "C", "E", "A", "N")
@@ -11,16 +11,22 @@ RULES = ("one_word", "number_only", "french")  # guidance: answer-format rules
 # tasks of our own model families -> the model_type each needs
 FAMILY_TASKS = {"air-sudoku": "air", "air-maze": "air", "arith-splits": "arith", "asm-lm": "asm",
                 "asm-refinement": "asm"}
-TASKS = ("trait-steering", "layer-ablation", "bigfive", "bigfive-gen", "kv-footprint",
-         "air-sudoku", "air-maze", "arith-splits", "asm-lm", "asm-refinement", "ffn-memories",
-         "capability", "persistence", "dialogue-shift", "guidance", "tradeoff", "lm-eval",
-         "persona-ab")
 # persona-ab: steering-bench's persona A/B sets (eval_harness/persona_ab/data)
 PERSONA_SETS = ("agreeableness", "conscientiousness", "extraversion", "neuroticism", "openness",
                 "machiavellianism", "politically-conservative", "interest-in-art",
                 "interest-in-music", "risk-averse", "subscribes-to-Buddhism",
                 "believes-in-gun-rights")
 DIRECTIONS = tuple(f"{t}{s}" for t in FACTORS for s in "+-")
+
+
+def __getattr__(name: str):
+    """``TASKS``: the names of the ``hf-memory eval`` tasks, read from
+    :func:`eval_harness.registry.tasks` (each task folder declares its own)."""
+    if name == "TASKS":
+        from .registry import tasks
+
+        return tuple(tasks())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def checked_directions(directions) -> list[str]:

@@ -50,11 +50,15 @@ def payload_schema(task: str) -> Path | None:
 
 def validate_results(results: dict[str, Any]) -> None:
     """Raise ``jsonschema.ValidationError`` if ``results`` does not follow the schema: the
-    task-independent core, then the task's payload schema (``<folder>/<task>.schema.json``) if
-    it has one."""
+    task-independent core, a task of the registry, then the task's payload schema
+    (``<folder>/<task>.schema.json``) if it has one."""
     import jsonschema
 
+    from .registry import tasks
+
     jsonschema.validate(results, json.loads(SCHEMA_PATH.read_text()))
+    if results["task"] not in tasks():
+        raise jsonschema.ValidationError(f"{results['task']!r} is not one of {list(tasks())}")
     payload = payload_schema(results["task"])
     if payload is not None:
         jsonschema.validate(results["results"], json.loads(payload.read_text()))

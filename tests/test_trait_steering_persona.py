@@ -30,7 +30,9 @@ def test_the_flag_is_parsed_and_refused_where_it_means_nothing(capsys):
         cli.main(["eval", "trait-steering", "--persona-recipes", "contrast,telepathy"])
     assert exit_info.value.code == 2
     assert "recipes must be among" in capsys.readouterr().err
-    assert cli.main(["eval", "layer-ablation", "--persona-recipes", "contrast"]) == 2
+    with pytest.raises(SystemExit) as exit_info:  # the task's parser refuses the flag
+        cli.main(["eval", "layer-ablation", "--persona-recipes", "contrast"])
+    assert exit_info.value.code == 2
     assert ("--persona-recipes is a trait-steering option, not layer-ablation's"
             in capsys.readouterr().err)
 
