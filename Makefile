@@ -128,7 +128,7 @@ llamacpp-env: $(LLAMACPP_STAMP)
 
 # Our CAA as a llama.cpp control vector against our CAA in transformers (BENCHMARKS).
 bench-llamacpp: setup llamacpp-env
-	$(PY) benchmarks/caa_llamacpp_agreement.py
+	$(PY) -m experiments.caa_llamacpp_agreement
 
 demo: setup
 	$(VENV)/bin/hf-memory demo
@@ -181,7 +181,7 @@ test-fast: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) benchmarks/bench_default_model.py
+	$(PY) benchmarks/steering/default_model.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(FLOOR_VENV) $(LLAMACPP_VENV) build *.egg-info .pytest_cache .ruff_cache

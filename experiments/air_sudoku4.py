@@ -5,8 +5,8 @@ generated puzzles and seed, evaluating on held-out puzzles (disjoint from traini
 isomorphism) every ``--eval-every`` steps, and prints the step and wall time at which each run
 first reached ``--target`` exact accuracy. Figures go in BENCHMARKS.md with the machine named.
 
-    .venv/bin/python benchmarks/air_sudoku4.py --threads 2
-    .venv/bin/python benchmarks/air_sudoku4.py --injection Lx_H Lx_Hx --threads 1
+    .venv/bin/python -m experiments.air_sudoku4 --threads 2
+    .venv/bin/python -m experiments.air_sudoku4 --injection Lx_H Lx_Hx --threads 1
 """
 
 from __future__ import annotations

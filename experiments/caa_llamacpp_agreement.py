@@ -13,7 +13,7 @@ runs it quantized. Block-output CAA vectors are extracted from contrastive pairs
 
 The llama.cpp side runs in its own environment (``make llamacpp-env``)::
 
-    .venv/bin/python benchmarks/caa_llamacpp_agreement.py            # both sides, the table
+    .venv/bin/python -m experiments.caa_llamacpp_agreement            # both sides, the table
 """
 
 from __future__ import annotations
@@ -184,9 +184,9 @@ def main() -> None:
         return
     if not LLAMACPP_PY.exists() or not COMPLETION.exists():
         sys.exit("the llama.cpp environment is missing: make llamacpp-env")
-    subprocess.run([str(LLAMACPP_PY), __file__, "--side", "llama-cpp", "--out", str(args.out),
-                    "--tokens", str(args.tokens)], check=True,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run([str(LLAMACPP_PY), "-m", "experiments.caa_llamacpp_agreement", "--side",
+                    "llama-cpp", "--out", str(args.out), "--tokens", str(args.tokens)], check=True,
+                   cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     cpp = json.loads((args.out / "llamacpp.json").read_text())
     summary = {"layers": hf["layers"], "scale": hf["scale"], **compare(hf, cpp),
                "seconds": round(time.perf_counter() - start, 1)}

@@ -1,6 +1,6 @@
 """Fuzz every artifact and eval-set loader for N cases and tabulate (issue 80).
 
-    .venv/bin/python benchmarks/fuzz_loaders.py --cases 2000
+    .venv/bin/python -m experiments.fuzz_loaders --cases 2000
 
 Runs the fuzzers of ``tests/loader_fuzz.py`` (the ones ``tests/test_fuzz_loaders.py`` runs with
 fewer cases) and prints one JSON line per loader, then a markdown table: cases tried, how many
@@ -16,10 +16,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a registry's path must never reach the Hub
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -6,10 +6,12 @@ concatenated-softmax reference (target, reference and auxiliary banks, part of t
 layers); and between cached greedy decoding and a full pass under the same banks.
 
 Usage (from the repository root, which holds the tests' helpers):
-    PYTHONPATH=. python benchmarks/mi_architectures.py
+    python -m experiments.mi_architectures
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -21,6 +23,7 @@ from tests.tiny_models import FAMILIES, tiny_model
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     print(f"{'model_type':<12} {'steering moves':>15} {'steer() vs reference':>21} "
           f"{'cached decode vs full pass':>27}")
     for family in FAMILIES:

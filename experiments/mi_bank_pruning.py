@@ -6,7 +6,7 @@ descriptor, the default) and with ``keep="content"`` (punctuation and function w
 held-out trait shift (mean margin shift over plain on the direction's 16 likelihood pairs,
 towards the target) and cost (ΔNLL per token of 20 seeded KJV sentences as the assistant's
 reply, as ``hf-memory eval capability`` scores neutral text).
-Usage: python benchmarks/mi_bank_pruning.py [--directions N+,A+,E-]
+Usage: python -m experiments.mi_bank_pruning [--directions N+,A+,E-]
 """
 
 from __future__ import annotations

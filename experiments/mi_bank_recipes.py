@@ -7,7 +7,7 @@ shift, nats, ± standard error) and the cost (ΔNLL per token of the shipped neu
 the visible prompt, the paper's bank (size-normalised, no position) over the strength dial at
 every layer, and the ``prompt_like`` bank (slots before the conversation, concatenated
 attention) over layer sets and ρ.
-Usage: python benchmarks/mi_bank_recipes.py [--direction N+]
+Usage: python -m experiments.mi_bank_recipes [--direction N+]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The ``prompt_like`` bank (:mod:`hf_memory.recipes.persona`) at every layer, with ρ = 0 (plain
 concatenated attention), is the visible system prompt less its chat markers; fewer layers hold a
-fraction of its KV. Per direction of the user personas (``benchmarks/data/user_personas.json``,
+fraction of its KV. Per direction of the user personas (``experiments/data/user_personas.json``,
 the split of ``mi_user_persona.py``: the first ``--calibration`` items calibrate, the rest are
 held out):
 
@@ -19,7 +19,7 @@ held out):
    within the budget.
 
 Results are written per direction as they come (``--out``, JSON lines).
-Usage: python benchmarks/mi_kv_fraction.py [--directions optimism+,arrogance+] [--out FILE]
+Usage: python -m experiments.mi_kv_fraction [--directions optimism+,arrogance+] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import platform
 import time
 
 import torch
-from mi_user_persona import direction_items
 
+from experiments.mi_user_persona import direction_items
 from hf_memory import MemoryMethod, PromptMethod, load_default_model
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.metrics.steering_cost import NeutralCost

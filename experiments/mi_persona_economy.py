@@ -1,7 +1,7 @@
 """Memory inception at the paper's economy: the default persona call against the prompt and CAA,
 judged where users look — replies, KV, capability, fluency, wall time — beside the likelihood.
 
-Per direction (a user persona of ``benchmarks/data/user_personas.json``: the first 20 items
+Per direction (a user persona of ``experiments/data/user_personas.json``: the first 20 items
 calibrate, the other 12 are held out; or a Big Five direction such as ``A-``: its 24 shipped
 calibration pairs calibrate, its 16 held-out evaluation items are held out):
 
@@ -18,7 +18,7 @@ calibration pairs calibrate, its 16 held-out evaluation items are held out):
   :mod:`hf_memory.metrics.factual`): nats per answer lost and greedy exact match.
 
 Results are appended per direction as they come (``--out``, JSON lines).
-Usage: python benchmarks/mi_persona_economy.py --directions caution+,A- [--out FILE]
+Usage: python -m experiments.mi_persona_economy --directions caution+,A- [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import platform
 import time
 
 import torch
-from mi_user_persona import direction_items
 
+from experiments.mi_user_persona import direction_items
 from hf_memory import PlainMethod, PromptMethod, load_default_model
 from hf_memory.metrics.factual import AnswerCost, exact_match
 from hf_memory.metrics.likelihood import pair_margins

@@ -5,7 +5,7 @@ Greedy replies (32 tokens) to four everyday questions; per method the share of t
 words in the persona's lexicon (:func:`hf_memory.metrics.text_quality.lexicon_rate`) and the cost
 (ΔNLL per token of the shipped neutral text): the visible prompt, memory at the shipped
 selector's sites over ρ, and the ``exemplars`` and ``contrast`` recipes at two layer sets over ρ.
-Usage: python benchmarks/mi_persona_voice.py [--persona pirate]
+Usage: python -m experiments.mi_persona_voice [--persona pirate]
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ prompt, and replacing it), CAA at the scale calibrated on the shipped calibratio
 through the shipped frozen behavioural selector, the same sites with a neutral bank and with the
 opposite descriptor's bank (and the opposite prompt), and memory
 through the paper's diagnostic selector (target + reference banks).
-Usage: python benchmarks/mi_probe.py
+Usage: python -m experiments.mi_probe
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
 import time
 
@@ -47,6 +48,7 @@ WORRY_CASES = [
 
 @torch.no_grad()
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     model, tokenizer = load_default_model()
     start = time.perf_counter()
 

@@ -2,11 +2,11 @@
 selector calibrate``), scored on held-out items against the visible prompt and CAA under the
 same budget.
 
-The direction's items come from ``benchmarks/data/user_personas.json`` (as in
+The direction's items come from ``experiments/data/user_personas.json`` (as in
 ``mi_user_persona.py``): the first ``--calibration`` items are the pairs the selector and CAA
 were calibrated on, the rest are held out. Prints held-out margin shift against plain (nats,
 ± standard error) and cost (ΔNLL per token of neutral text) per method.
-Usage: python benchmarks/mi_saved_persona.py --banks DIR --selector DIR --direction arrogance-
+Usage: python -m experiments.mi_saved_persona --banks DIR --selector DIR --direction arrogance-
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import argparse
 import platform
 
 import torch
-from mi_user_persona import direction_items
 
+from experiments.mi_user_persona import direction_items
 from hf_memory import BankSet, MemoryMethod, PromptMethod, Selector, load_default_model
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.metrics.steering_cost import NeutralCost

@@ -5,7 +5,7 @@ For each strength: the held-out likelihood items' mean margin shift over plain (
 direction's items only, towards the target: positive is steering), and the cost: the change in
 mean negative log-likelihood per token of the six neutral passages (``neutral_texts.json``) over
 plain (positive is worse). Strength 0 must give exactly 0 and 0.
-Usage: python benchmarks/mi_strength_curve.py [--direction N+] [--strengths 0,0.25,0.5,1]
+Usage: python -m experiments.mi_strength_curve [--direction N+] [--strengths 0,0.25,0.5,1]
 """
 
 from __future__ import annotations

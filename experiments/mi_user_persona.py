@@ -1,6 +1,6 @@
 """A user's own persona, calibrated with the default call, against the prompt and CAA.
 
-Personas the project never shipped (``benchmarks/data/user_personas.json``: four traits, both
+Personas the project never shipped (``experiments/data/user_personas.json``: four traits, both
 directions, 32 hand-written (question, high reply, low reply) items each). Per direction the
 first ``--calibration`` items calibrate, the rest are held out. Methods, all scored on the
 held-out items only (margin shift against plain, nats, and the cost: ΔNLL per token of the
@@ -16,7 +16,7 @@ shipped neutral text):
   prompt's KV.
 
 Results are written per direction as they come (``--out``, JSON lines).
-Usage: python benchmarks/mi_user_persona.py [--directions optimism+,optimism-] [--out FILE]
+Usage: python -m experiments.mi_user_persona [--directions optimism+,optimism-] [--out FILE]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ For 30x30 with shortest path > 110 moves (the Maze-30x30-hard recipe) and the sm
 (8x8, 10x10, 12x12 at their default thresholds), draws ``--count`` accepted mazes from
 ``generate_mazes`` and prints mazes/s, (grid, start, goal) draws/s, the acceptance rate, and the
 mean / min / max shortest-path length and wall fraction of the accepted mazes.
-Usage: python benchmarks/air_maze_generator.py [--count 20] [--seed 0] [--sizes 30,12,10,8]
+Usage: python -m benchmarks.air.maze_generator [--count 20] [--seed 0] [--sizes 30,12,10,8]
 """
 
 from __future__ import annotations

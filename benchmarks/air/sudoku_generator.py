@@ -3,7 +3,7 @@
 Rows: minimal puzzles of each size (generate + rate), 9x9 puzzles kept by rejection when
 ``rating >= threshold`` (hard), and ``sudoku_dataset`` with a Sudoku-Extreme-like easy/hard mix
 (split filtering included). Prints puzzles/s, mean rating, mean givens and the hard share.
-Usage: python benchmarks/air_sudoku_generator.py [--count 40] [--seed 0] [--threshold 10]
+Usage: python -m benchmarks.air.sudoku_generator [--count 40] [--seed 0] [--threshold 10]
 """
 
 from __future__ import annotations

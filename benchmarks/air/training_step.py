@@ -8,7 +8,7 @@ alternate so drift in the machine's load hits both; prints the compile time, the
 loss difference (the compiled path computes the same function: rounding only), the median step
 times and the eager / compiled ratio.
 
-Usage: python benchmarks/air_training_step.py [--hidden 256] [--layers 2] [--heads 4]
+Usage: python -m benchmarks.air.training_step [--hidden 256] [--layers 2] [--heads 4]
     [--batch 64] [--seq 81] [--injection Lx_H] [--repeats 8] [--threads 2]
 """
 

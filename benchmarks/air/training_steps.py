@@ -4,7 +4,7 @@ The same step as their trainers: AIRSolver (9x9-Sudoku shape, ACT segment forwar
 AdamATan2) and ArithTransformer (the paper's batch of 512, AdamW), with bf16 autocast on CUDA
 and float32 on the CPU; median of the repeats after one warm-up.
 
-Usage: python benchmarks/training_steps.py [--device cuda] [--repeats 10] [--threads 2]
+Usage: python -m benchmarks.air.training_steps [--device cuda] [--repeats 10] [--threads 2]
 """
 
 from __future__ import annotations

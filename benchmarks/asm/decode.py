@@ -8,7 +8,7 @@ logits processor stamps the clock at every step, so the per-token time is the me
 between consecutive steps (prefill excluded), measured through the stock ``generate()`` loop.
 Prints wall and CPU ms per token and the ASM / Llama ratios per context.
 
-Usage: python benchmarks/asm_decode.py [--contexts 256 2048 8192 16384] [--new-tokens 24]
+Usage: python -m benchmarks.asm.decode [--contexts 256 2048 8192 16384] [--new-tokens 24]
     [--repeats 3] [--threads 1] [--layers 21]
 """
 

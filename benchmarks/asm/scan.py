@@ -8,7 +8,7 @@ Everything runs in this process, so the printed ratios compare like with like:
 * per-token decode latency of ASMForCausalLM (random weights) with its ASMCache after a context
   of 64 and of 4096 tokens, and the cache size at both.
 
-Usage: python benchmarks/asm_scan.py [--lengths 256 1024 4096] [--threads 1] [--layers 21]
+Usage: python -m benchmarks.asm.scan [--lengths 256 1024 4096] [--threads 1] [--layers 21]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ machine's load hits both, and prints the median step time, tokens per second and
 Llama ratio, by the wall clock and by this thread's CPU time (with one torch thread the step's
 own work, whatever else runs on the machine). Defaults: the CPU-scale run of BENCHMARKS.md.
 
-Usage: python benchmarks/asm_training_step.py [--hidden 256] [--layers 4] [--heads 4]
+Usage: python -m benchmarks.asm.training_step [--hidden 256] [--layers 4] [--heads 4]
     [--block 128] [--batch 16] [--vocab 4096] [--chunk 32] [--repeats 10] [--threads 1]
 """
 

@@ -3,7 +3,7 @@
 * one ASM-57M layer's scan + read (``asa_attend``: write scan, content-scored read weights,
   read), forward + backward, bf16 inputs, T x B grid: the chunk-parallel Triton kernels (chunks
   of 16, 32, 64), the recurrent Triton kernels, chunked PyTorch and the per-token loop of
-  ``benchmarks/asm_scan.py`` (short T only); tokens/s and peak memory; and
+  ``benchmarks/asm/scan.py`` (short T only); tokens/s and peak memory; and
   flash-linear-attention's ``chunk_gsa`` (gated slot attention: a slot memory written through a
   softmax over slots, the closest kernel we know) on the same B, T, heads and slots, where fla
   imports (its own section: its first calls autotune for minutes);
@@ -13,7 +13,7 @@
 * ``loss``: a short bf16 training run (a small ASM, the same seed and batches) with the chunk and
   the recurrent kernels: the two loss curves and their largest gap.
 
-Usage: python benchmarks/gpu_asm.py [--json FILE] [--quick]
+Usage: python -m benchmarks.gpu.asm [--json FILE] [--quick]
        [--sections layer,model,decode,loss,fla]
 """
 
@@ -276,7 +276,7 @@ def main() -> None:
     parser.add_argument("--loss-steps", type=int, default=300)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("gpu_asm.py needs a CUDA device")
+        sys.exit("benchmarks.gpu.asm needs a CUDA device")
     args.lengths = [256, 1024] if args.quick else [1024, 4096, 16384]
     args.batches = [1, 2] if args.quick else [1, 16]
     args.loop_max = 256 if args.quick else 1024

@@ -16,7 +16,7 @@ Each row also gives the largest output difference from the stock call and the la
 log-sum-exp difference from a float32 ``logsumexp`` of the scores (over the query rows that see
 a key).
 
-Usage: python benchmarks/gpu_lse_kernels.py [--json FILE] [--no-flex]
+Usage: python -m benchmarks.gpu.lse_kernels [--json FILE] [--no-flex]
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--no-flex", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("gpu_lse_kernels.py needs a CUDA device")
+        sys.exit("benchmarks.gpu.lse_kernels needs a CUDA device")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, H {HEADS}, "
           f"KVH {KV_HEADS}, D {DIM}; ms (ratio stock / candidate), max |out - stock|, "
           f"max |lse - float32 lse|", flush=True)

@@ -1,6 +1,6 @@
 """Where a steered decode step's time goes on a CUDA GPU: kernels launched and GPU busy time.
 
-For two serving shapes of ``mi_serving_shapes.py`` (SmolLM2-135M shape at batch 1 / prompt 64:
+For two serving shapes of ``serving_shapes.py`` (SmolLM2-135M shape at batch 1 / prompt 64:
 launch-bound; Llama-1B shape at batch 32 / prompt 2,048: memory-bound), one decode step of
 the bf16 model, plain and steered (2 x 24 slots at five layers):
 
@@ -8,7 +8,7 @@ the bf16 model, plain and steered (2 x 24 slots at five layers):
   split into GPU work and launch/host overhead;
 * median wall time per step, plain vs steered, the paths interleaved in rounds.
 
-Usage: python benchmarks/gpu_mi_profile.py [--steps 10] [--rounds 4]
+Usage: python -m benchmarks.gpu.mi_profile [--steps 10] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from benchmarks.mi_serving_shapes import banks_for, build
+from benchmarks.steering.serving_shapes import banks_for, build
 from hf_memory import steer
 from hf_memory.models.transformers_compat import cache_kwargs
 
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("gpu_mi_profile.py needs a CUDA device")
+        sys.exit("benchmarks.gpu.mi_profile needs a CUDA device")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; one decode step, bf16")
     for name, batch, prompt in SHAPES:
         model = build(name, CUDA, torch.bfloat16)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one command (a lent GPU machine has no network and little time):
 #   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
-#   gpu_lse_kernels.py, gpu_mi_profile.py, mi_serving_shapes.py, mi_compile.py, gpu_asm.py and
-#   training_steps.py --device cuda. GPU_TESTS="lse or mixture" (a -k filter), ASM_SECTIONS=decode,
+#   gpu/lse_kernels.py, gpu/mi_profile.py, steering/serving_shapes.py, steering/compile.py, gpu/asm.py and
+#   air/training_steps.py --device cuda. GPU_TESTS="lse or mixture" (a -k filter), ASM_SECTIONS=decode,
 #   MI_MODELS="llama-1b", MI_PATHS="torch auto", MI_SECONDS=150, MI_REPEATS=4, COMPILE_SECONDS=150,
 #   SKIP_TESTS=1, SKIP_LSE=1,
 #   SKIP_MI=1, SKIP_COMPILE=1, SKIP_PROFILE=1, SKIP_ASM=1, SKIP_TRAINING=1, SKIP_FLA=1 run less. At most 8 files
@@ -42,16 +42,16 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, its log appende
 }
 [ "${SKIP_TESTS:-0}" = 1 ] || step 110 gpu_tests python3 -m pytest tests/test_gpu.py tests/test_fused_merge.py -q -p no:cacheprovider --timeout 100 \
     ${GPU_TESTS:+-k "$GPU_TESTS"}
-[ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 benchmarks/gpu_lse_kernels.py
-[ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 benchmarks/gpu_mi_profile.py
+[ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 -m benchmarks.gpu.lse_kernels
+[ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 -m benchmarks.gpu.mi_profile
 # shellcheck disable=SC2086  # (MI_MODELS and MI_PATHS are lists)
-[ "${SKIP_MI:-0}" = 1 ] || step "${MI_SECONDS:-165}" gpu_mi python3 benchmarks/mi_serving_shapes.py \
+[ "${SKIP_MI:-0}" = 1 ] || step "${MI_SECONDS:-165}" gpu_mi python3 -m benchmarks.steering.serving_shapes \
     --device cuda --models ${MI_MODELS:-llama-1b smollm2-135m qwen3-moe} \
     --paths ${MI_PATHS:-auto} --repeats "${MI_REPEATS:-2}" --json "$OUT/gpu_mi.jsonl"
 # torch.compile with CUDA graphs, plain / steering installed / steered (bf16, launch-bound shape)
-[ "${SKIP_COMPILE:-0}" = 1 ] || step "${COMPILE_SECONDS:-240}" gpu_compile python3 benchmarks/mi_compile.py \
+[ "${SKIP_COMPILE:-0}" = 1 ] || step "${COMPILE_SECONDS:-240}" gpu_compile python3 -m benchmarks.steering.compile \
     --dtype bfloat16 --mode reduce-overhead --batch 1 --prompt 64
-[ "${SKIP_ASM:-0}" = 1 ] || step 200 gpu_asm python3 benchmarks/gpu_asm.py \
+[ "${SKIP_ASM:-0}" = 1 ] || step 200 gpu_asm python3 -m benchmarks.gpu.asm \
     --sections "${ASM_SECTIONS:-layer,model,loss}" --json "$OUT/gpu_asm.jsonl"
-[ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 benchmarks/training_steps.py --device cuda
-[ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 benchmarks/gpu_asm.py --sections fla --json "$OUT/gpu_asm_fla.jsonl"
+[ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 -m benchmarks.air.training_steps --device cuda
+[ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 -m benchmarks.gpu.asm --sections fla --json "$OUT/gpu_asm_fla.jsonl"

@@ -5,7 +5,7 @@ same pairs and neutral text: first with every probe a full forward pass (no laye
 with steered probes starting at their lowest site; checks that both calibrations chose the same
 selector (layers, units, dial, every searched configuration's score) and prints their times.
 
-Usage: OMP_NUM_THREADS=1 python benchmarks/mi_calibration_speed.py [--direction caution+]
+Usage: OMP_NUM_THREADS=1 python -m benchmarks.steering.calibration_speed [--direction caution+]
        [--pairs 12] [--neutral 8] [--recipes contrast]
 """
 
@@ -16,8 +16,8 @@ import platform
 import time
 
 import torch
-from mi_user_persona import direction_items
 
+from experiments.mi_user_persona import direction_items
 from hf_memory import load_default_model
 from hf_memory.metrics import plain_states
 from hf_memory.metrics.steering_cost import NeutralCost, neutral_sample

@@ -10,7 +10,7 @@ Dynamo's graph and break count (``torch._dynamo.explain``; its first distinct br
 printed below the row) and the median forward time after
 warm-up, with the ratio to plain eager. Every compiled output is checked against its eager one.
 
-Usage: python benchmarks/mi_compile.py [--model smollm2-135m] [--batch 1] [--prompt 64]
+Usage: python -m benchmarks.steering.compile [--model smollm2-135m] [--batch 1] [--prompt 64]
        [--dtype float32|bfloat16] [--mode default|reduce-overhead]
 """
 
@@ -24,7 +24,7 @@ from contextlib import nullcontext
 import torch
 import torch._dynamo as dynamo
 
-from benchmarks.mi_serving_shapes import MODELS, banks_for, build, synchronize
+from benchmarks.steering.serving_shapes import MODELS, banks_for, build, synchronize
 from hf_memory import steer
 from hf_memory.baselines.caa import CAAVectors, apply_caa
 

@@ -1,7 +1,7 @@
 """Default model: cold GGUF conversion vs cached load, and decoding with vs without a KV cache.
 
 Both baselines run in this process, so the printed ratios compare like with like.
-Usage: python benchmarks/bench_default_model.py [--new-tokens 64]
+Usage: python -m benchmarks.steering.default_model [--new-tokens 64]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One process, three methods on the same prompt: plain, prompt baseline (the descr
 visible system message), memory inception (target + reference bank at the chosen layers).
 Prints tokens/s (median of repeats) with ratios to plain, and the KV bytes of the banks vs the
 descriptor as a visible prompt (eq. 10).
-Usage: python benchmarks/mi_generate.py [--new-tokens 48] [--repeats 3] [--layers 18-22]
+Usage: python -m benchmarks.steering.generate [--new-tokens 48] [--repeats 3] [--layers 18-22]
 """
 
 from __future__ import annotations

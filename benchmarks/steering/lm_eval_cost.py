@@ -6,7 +6,7 @@ bigfive frames, layer 10, at each ``--caa-scales``) and the prompt (the descript
 context), each through the ``hf-memory`` lm-eval model type on ``hfm_local`` (capability
 questions as multiple choice and as generation; the trait likelihood pairs), against plain.
 
-    python benchmarks/lm_eval_cost.py --docs 20
+    python -m benchmarks.steering.lm_eval_cost --docs 20
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The embedded model; the Big Five generation task's open-ended prompts; per direc
 selector and the demo's bank recipe (target and reference descriptor). Prints the wall time of
 both ways, their ratio, and how many replies agree token for token (the batches differ in
 padding width, so float32 rounding may flip a close greedy choice).
-Usage: python benchmarks/per_row_directions.py [--directions N+ A+ ...] [--prompts 6]
+Usage: python -m benchmarks.steering.per_row_directions [--directions N+ A+ ...] [--prompts 6]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ calibrated by it: does the memory row at its KV ceiling voice the pirate?
    then ``make demo``'s four questions answered by plain, the prompt and that memory: the share
    of the pirate's words (``lexicon_rate``), the judge's score, KV against the prompt's, cost.
 
-Usage: python benchmarks/mi_persona_call_time.py [--direction caution+] [--skip-pirate]
+Usage: python -m benchmarks.steering.persona_call_time [--direction caution+] [--skip-pirate]
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import platform
 import time
 
 import torch
-from mi_user_persona import direction_items
 
+from experiments.mi_user_persona import direction_items
 from hf_memory import PlainMethod, PromptMethod, generate_with, load_default_model
 from hf_memory.metrics.reply_judge import ReplyJudge
 from hf_memory.metrics.steering_cost import NeutralCost

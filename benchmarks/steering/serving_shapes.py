@@ -14,7 +14,7 @@ apart the ratio of its prefill (its first forward pass, into an empty cache) and
 step (the median of its later forward passes, and of their mean: slow outliers), all timed
 inside the same call, and the seconds the call spent outside forward passes (plain → steered).
 
-Usage: python benchmarks/mi_serving_shapes.py [--device cpu|cuda] [--models ...]
+Usage: python -m benchmarks.steering.serving_shapes [--device cpu|cuda] [--models ...]
        [--batches 1 8 32] [--prompts 64 2048] [--json FILE] [--quick]
 """
 

@@ -1,14 +1,14 @@
 """Operations a steered decoding step dispatches, per steered layer: a count any machine can take.
 
 On a GPU each dispatched operation (views aside) is a kernel launch, and at small batches a
-decoding step's time is set by its launches (``gpu_mi_profile.py``: ~36 µs each on the H200
+decoding step's time is set by its launches (``gpu/mi_profile.py``: ~36 µs each on the H200
 host), so this count is what a steered layer costs there before any arithmetic. One decoding
 step of a model of the embedded SmolLM2-135M's shape (random weights, float32, CPU) after a
 64-token prompt, plain and steered by a target + reference bank of 24 slots at five layers
 through each mixture path; every aten operation that reaches the dispatcher is counted, views
 and allocations left out. Batch 1 without a mask, batch 8 with left padding.
 
-Usage: python benchmarks/mi_step_ops.py
+Usage: python -m benchmarks.steering.step_ops
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
-from benchmarks.mi_serving_shapes import banks_for, build
+from benchmarks.steering.serving_shapes import banks_for, build
 from hf_memory import steer
 from hf_memory.models.transformers_compat import cache_kwargs
 

@@ -1,16 +1,16 @@
 """Steered / plain forward passes timed in adjacent pairs: the prefill and the decoding step alone.
 
-``mi_serving_shapes.py`` times whole ``generate()`` calls, one after the other; on a small shared
+``serving_shapes.py`` times whole ``generate()`` calls, one after the other; on a small shared
 machine a round moves by ±5–10 % (memory bandwidth shared with other tenants sets the speed of
 the weight products), more than a steered layer costs. Here each round times one forward pass
 plain and one through each mixture path back to back, on the same input, and reports the median
 over rounds of the ratio within a round (plain seconds / steered seconds) with its quartiles, so
 that slow drift cancels. "prefill": a pass over the prompt into an empty cache; "decode": one
 token over the prompt's cache, which is cropped back after each step, so every step sees the
-same history. Models and banks as in ``mi_serving_shapes.py`` (random weights; 2 × 24 slots at
+same history. Models and banks as in ``serving_shapes.py`` (random weights; 2 × 24 slots at
 five layers).
 
-Usage: python benchmarks/mi_step_ratios.py [--models llama-1b] [--batches 8 32]
+Usage: python -m benchmarks.steering.step_ratios [--models llama-1b] [--batches 8 32]
        [--prompts 64 2048] [--prefill-rounds 3] [--decode-rounds 20] [--json FILE]
 """
 
@@ -25,7 +25,7 @@ from contextlib import nullcontext
 import torch
 from transformers import DynamicCache
 
-from benchmarks.mi_serving_shapes import (
+from benchmarks.steering.serving_shapes import (
     MODELS,
     PATHS,
     add_device_arguments,

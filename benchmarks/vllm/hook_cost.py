@@ -3,10 +3,10 @@ torch ops one steered layer issues.
 
 Run in the vLLM environment (``make vllm-env``)::
 
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/vllm_hook_cost.py [--batches 1,8,32]
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python -m benchmarks.vllm.hook_cost [--batches 1,8,32]
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that the worker's hook
-methods can be timed: the registry of ``vllm_steering.py`` (the anxious bank set at the shipped
+methods can be timed: the registry of ``steering.py`` (the anxious bank set at the shipped
 N+ selector's sites), every request steered, greedy, ``--tokens`` each. Per batch size the best
 of ``--repeats`` runs is reported (a plain run of the same requests before each): the run's wall
 time, the milliseconds inside the query-capture hook and the attention-output hook (of which
@@ -75,8 +75,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
 
     import torch
-    from vllm_steering import PROMPTS, build_registry, rate, start_engine
 
+    from benchmarks.vllm.steering import PROMPTS, build_registry, rate, start_engine
     from hf_memory.models.default_model import ensure_default_model_cached
     from hf_memory_vllm import worker
 

@@ -2,7 +2,7 @@
 
 Run in the vLLM environment (``make vllm-env``), loopback only; it stops by itself::
 
-    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_load.py [--clients 1,8,32]
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python -m benchmarks.vllm.load [--clients 1,8,32]
         [--tensor-parallel-size 2]
 
 The embedded SmolLM2-135M-Instruct in float32 behind vLLM's OpenAI-compatible server with a

@@ -2,7 +2,7 @@
 
 Run in the vLLM environment (``make vllm-env``)::
 
-    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_steering.py [--tokens 64]
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python -m benchmarks.vllm.steering [--tokens 64]
 
 Two engines run side by side (each in its own engine process, as ``LLM`` runs by default) and
 serve the embedded SmolLM2-135M-Instruct in float32: stock vLLM (the plugin installed, no
