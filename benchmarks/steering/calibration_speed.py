@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import torch
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
 from experiments.mi_user_persona import direction_items
 from hf_memory import load_default_model
 from hf_memory.metrics import plain_states
@@ -26,11 +27,16 @@ from hf_memory.recipes.persona import calibrate_persona
 
 def calibrate(model, tokenizer, text, pairs, args, max_bytes):
     plain_states.DEFAULT_MAX_BYTES = max_bytes  # this process only: the before and the after
-    start = time.perf_counter()
-    cost = NeutralCost(model, tokenizer, **neutral_sample(args.neutral))
-    steering = calibrate_persona(model, tokenizer, text, pairs, recipes=args.recipes.split(","),
+    cost = None
+
+    def run():
+        nonlocal cost
+        cost = NeutralCost(model, tokenizer, **neutral_sample(args.neutral))
+        return calibrate_persona(model, tokenizer, text, pairs, recipes=args.recipes.split(","),
                                  cost=cost, progress=False)
-    return time.perf_counter() - start, steering, cost.evaluations
+
+    steering, seconds = timed(run)
+    return seconds, steering, cost.evaluations
 
 
 def record(steering) -> dict:
@@ -48,6 +54,7 @@ def main() -> None:
     parser.add_argument("--neutral", type=int, default=8,
                         help="shipped neutral passages and prompts for the cost (each)")
     parser.add_argument("--recipes", default="contrast")
+    add_jsonl_argument(parser, "steering")
     args = parser.parse_args()
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
@@ -61,6 +68,9 @@ def main() -> None:
     print(f"{args.direction}, {len(pairs)} pairs, recipes {args.recipes}, {probes} cost probes: "
           f"full passes {before:.0f} s, from the lowest site {after:.0f} s "
           f"({before / after:.2f}x); the same selector and trials: {same}")
+    ResultLog(args.jsonl, "steering.calibration_speed").write(
+        direction=args.direction, pairs=len(pairs), recipes=args.recipes, probes=probes,
+        full_passes_s=before, lowest_site_s=after, ratio=before / after, same=same)
     print("selector:", new.selector.layers, new.selector.layer_gains, new.selector.strength)
     if not same:
         raise SystemExit("the calibrations differ")

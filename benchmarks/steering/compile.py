@@ -17,27 +17,16 @@ Usage: python -m benchmarks.steering.compile [--model smollm2-135m] [--batch 1] 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from contextlib import nullcontext
 
 import torch
 import torch._dynamo as dynamo
 
-from benchmarks.steering.serving_shapes import MODELS, banks_for, build, synchronize
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.steering.serving_shapes import MODELS, banks_for, build
+from benchmarks.timing import median_seconds
 from hf_memory import steer
 from hf_memory.baselines.caa import CAAVectors, apply_caa
-
-
-def median_seconds(call, ids: torch.Tensor, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        synchronize(ids.device)
-        start = time.perf_counter()
-        call(ids)
-        synchronize(ids.device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def graphs_and_breaks(model, ids: torch.Tensor) -> tuple[int, int, list[str]]:
@@ -52,16 +41,19 @@ def graphs_and_breaks(model, ids: torch.Tensor) -> tuple[int, int, list[str]]:
 
 
 def compiled_row(label: str, model, ids, expected, repeats: int, base: float, scope,
-                 mode: str) -> None:
-    """Explain, compile (inductor), time and check ``model`` under ``scope``; print one row."""
+                 mode: str, log: ResultLog) -> None:
+    """Explain, compile (inductor), time and check ``model`` under ``scope``; print and log one
+    row."""
     with scope():
         graphs, breaks, reasons = graphs_and_breaks(model, ids)
         dynamo.reset()
         compiled = torch.compile(model, mode=mode)
         out = compiled(ids).logits  # compiles
         out = compiled(ids).logits.clone()  # (CUDA graphs record on the second call)
-        seconds = median_seconds(lambda x: compiled(x).logits, ids, repeats)
+        seconds = median_seconds(lambda: compiled(ids).logits, repeats, device=ids.device)
     error = (out - expected).abs().max().item()
+    log.write(condition=label, graphs=graphs, breaks=breaks, forward_ms=1e3 * seconds,
+              ratio=base / seconds, max_error=error)
     print(f"| {label} | {graphs} | {breaks} | {1e3 * seconds:.1f} | {base / seconds:.2f}x | "
           f"{error:.1e} |")
     for reason in reasons[:5]:
@@ -76,7 +68,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--mode", default="default", choices=["default", "reduce-overhead"])
+    add_jsonl_argument(parser, "steering")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "steering.compile", model=args.model, batch=args.batch,
+                    prompt=args.prompt, dtype=args.dtype, mode=args.mode)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build(args.model, device, getattr(torch, args.dtype))
     ids = torch.randint(1, model.config.vocab_size, (args.batch, args.prompt), device=device)
@@ -86,22 +81,24 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     with torch.inference_mode():
         plain = model(ids).logits
-        base = median_seconds(lambda x: model(x).logits, ids, args.repeats)
+        base = median_seconds(lambda: model(ids).logits, args.repeats, device=device)
         print(f"| plain, eager | - | - | {1e3 * base:.1f} | 1.00x | - |")
+        log.write(condition="plain, eager", forward_ms=1e3 * base, ratio=1.0)
         compiled_row("plain, compiled", model, ids, plain, args.repeats, base, nullcontext,
-                     args.mode)
+                     args.mode, log)
         memory = steer(model, banks_for(model), active=False)
         vector = torch.randn(model.config.hidden_size, device=device, dtype=model.dtype)
         caa = apply_caa(model, CAAVectors({model.config.num_hidden_layers // 3: vector},
                                           scale=1.0), active=False)
         with memory.applied():
             steered = model(ids).logits
-            seconds = median_seconds(lambda x: model(x).logits, ids, args.repeats)
+            seconds = median_seconds(lambda: model(ids).logits, args.repeats, device=device)
         print(f"| steering live, eager | - | - | {1e3 * seconds:.1f} | {base / seconds:.2f}x | - |")
+        log.write(condition="steering live, eager", forward_ms=1e3 * seconds, ratio=base / seconds)
         compiled_row("compiled, steering and CAA installed, not live", model, ids, plain,
-                     args.repeats, base, nullcontext, args.mode)
+                     args.repeats, base, nullcontext, args.mode, log)
         compiled_row("compiled, steering live", model, ids, steered, args.repeats, base,
-                     memory.applied, args.mode)
+                     memory.applied, args.mode, log)
     memory.remove()
     caa.remove()
     dynamo.reset()

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 
 import torch
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import median_seconds
 from hf_memory import BankSet, MemoryBank, kv_footprint, load_default_model, steer
 from hf_memory.chat.generation import chat_messages
 from hf_memory.recipes.demo import DEFAULT_PERSONA, DEFAULT_REFERENCE
@@ -26,13 +26,9 @@ PROMPT = "How do you feel about your exam tomorrow?"
 
 def tokens_per_second(model, tokenizer, text: str, new_tokens: int, repeats: int) -> float:
     batch = tokenizer([text], return_tensors="pt", add_special_tokens=False)
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                       do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        runs.append(time.perf_counter() - start)
-    return new_tokens / statistics.median(runs)
+    return new_tokens / median_seconds(lambda: model.generate(
+        **batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+        pad_token_id=tokenizer.pad_token_id), repeats)
 
 
 def main() -> None:
@@ -40,7 +36,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=parse_layers, default=parse_layers("18-22"))
+    add_jsonl_argument(parser, "steering")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "steering.generate")
     model, tokenizer = load_default_model()
     print(f"# machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}, cuda={torch.cuda.is_available()}; model "
@@ -69,6 +67,9 @@ def main() -> None:
     print(f"  prompt baseline    {prompted:6.1f} tok/s  {prompted / plain:.2f}x")
     print(f"  memory inception   {steered:6.1f} tok/s  {steered / plain:.2f}x "
           f"({steered / prompted:.2f}x of prompt)")
+    log.write(new_tokens=args.new_tokens, repeats=args.repeats, layers=list(args.layers),
+              plain_tok_s=plain, prompt_tok_s=prompted, memory_tok_s=steered,
+              memory_ratio=steered / plain, prompt_ratio=prompted / plain)
 
     descriptor = tokenizer(DEFAULT_PERSONA, return_tensors="pt", add_special_tokens=False)
     persona_only = BankSet([banks["persona"]], model=model)
@@ -79,6 +80,8 @@ def main() -> None:
               f"{fp.prompt_tokens} tokens x {fp.num_layers} layers = "
               f"{fp.prompt_kv_bytes / 1024:.0f} KiB; bank is {fp.actual_ratio:.2f}x smaller "
               f"(idealised {fp.idealised_ratio:.2f}x)")
+        log.write(kv=label, bank_bytes=fp.bank_bytes, prompt_kv_bytes=fp.prompt_kv_bytes,
+                  ratio=fp.actual_ratio, idealised_ratio=fp.idealised_ratio)
 
 if __name__ == "__main__":
     main()

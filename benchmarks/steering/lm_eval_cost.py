@@ -12,8 +12,9 @@ questions as multiple choice and as generation; the trait likelihood pairs), aga
 from __future__ import annotations
 
 import argparse
-import time
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
 from eval_harness.bigfive.task import CAA_FRAMES
 from eval_harness.lm_eval_model.model import HFMemoryLM
 from eval_harness.lm_eval_model.task import run_lm_eval
@@ -32,7 +33,10 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20, help="documents per task")
     parser.add_argument("--caa-scales", default="2,8")
     parser.add_argument("--batch-size", type=int, default=8)
+    add_jsonl_argument(parser, "steering")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "steering.lm_eval_cost", direction=args.direction,
+                    docs=args.docs)
     model, tokenizer = load_default_model()
     _, _, target, reference = direction_parts(args.direction)
     runs = {"plain": {}, "prompt": {"prompt": target},
@@ -46,12 +50,12 @@ def main() -> None:
     print("| method | " + " | ".join(COLUMNS) + " | wall s |")
     print("|" + " --- |" * (len(COLUMNS) + 2))
     for name, steering in runs.items():
-        start = time.perf_counter()
-        lm = HFMemoryLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size,
-                        **steering)
-        metrics = run_lm_eval(lm, TASKS, limit=args.docs)["metrics"]
+        metrics, seconds = timed(lambda s=steering: run_lm_eval(HFMemoryLM(
+            pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, **s), TASKS,
+            limit=args.docs)["metrics"])
+        log.write(method=name, **{c: metrics[c] for c in COLUMNS}, wall_s=seconds)
         print(f"| {name} | " + " | ".join(f"{metrics[c]:.3f}" for c in COLUMNS)
-              + f" | {time.perf_counter() - start:.0f} |", flush=True)
+              + f" | {seconds:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

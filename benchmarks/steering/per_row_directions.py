@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import torch
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
 from eval_harness.bigfive.generation import GENERATION_PROMPTS
 from hf_memory import (
     BankSet,
@@ -39,7 +40,10 @@ def main() -> None:
     parser.add_argument("--directions", nargs="+", default=list(SHIPPED_DIRECTIONS))
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--prompts", type=int, default=2)
+    add_jsonl_argument(parser, "steering")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "steering.per_row_directions", directions=args.directions,
+                    prompts=args.prompts, new_tokens=args.new_tokens)
     model, tokenizer = load_default_model()
     prompts = list(GENERATION_PROMPTS[:args.prompts])
     print(f"# machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
@@ -72,16 +76,15 @@ def main() -> None:
 
     with torch.inference_mode():
         generate_conversations(model, tokenizer, conversations, max_new_tokens=2)  # warm-up
-        start = time.perf_counter()
-        sequential = one_batch_per_direction()
-        sequential_s = time.perf_counter() - start
-        start = time.perf_counter()
-        batched = per_row_batch()
-        batched_s = time.perf_counter() - start
+        sequential, sequential_s = timed(one_batch_per_direction)
+        batched, batched_s = timed(per_row_batch)
     same = sum(a == b for a, b in zip(sequential, batched, strict=True))
     print(f"one batch per direction: {sequential_s:7.2f} s")
     print(f"per-row banks, 1 batch:  {batched_s:7.2f} s   speed-up x{sequential_s / batched_s:.2f}")
     print(f"replies identical: {same} / {len(batched)}")
+    log.write(comparison="per-row banks vs one batch per direction", baseline_s=sequential_s,
+              batched_s=batched_s, speedup=sequential_s / batched_s, identical=same,
+              replies=len(batched))
     for handle in handles:
         handle.remove()
 
@@ -92,18 +95,19 @@ def main() -> None:
     methods = [PlainMethod(), PromptMethod(target, tokenizer=tokenizer),
                MemoryMethod(banks, shipped_selector(args.directions[0], model=model))]
     with torch.inference_mode():
-        start = time.perf_counter()
-        alone = [generate_with(m, model, tokenizer, prompts, **kwargs) for m in methods]
-        alone_s = time.perf_counter() - start
-        start = time.perf_counter()
-        shared = generate_with_each(methods, model, tokenizer, prompts, **kwargs)
-        shared_s = time.perf_counter() - start
+        alone, alone_s = timed(lambda: [generate_with(m, model, tokenizer, prompts, **kwargs)
+                                        for m in methods])
+        shared, shared_s = timed(lambda: generate_with_each(methods, model, tokenizer, prompts,
+                                                            **kwargs))
     same = sum(a == b for x, y in zip(alone, shared, strict=True)
                for a, b in zip(x, y, strict=True))
     print(f"plain/prompt/memory ({args.directions[0]}), generate_with per method: "
           f"{alone_s:7.2f} s")
     print(f"plain/prompt/memory, generate_with_each:  {shared_s:7.2f} s   speed-up "
           f"x{alone_s / shared_s:.2f}; replies identical: {same} / {len(prompts) * 3}")
+    log.write(comparison="generate_with_each vs generate_with per method", baseline_s=alone_s,
+              batched_s=shared_s, speedup=alone_s / shared_s, identical=same,
+              replies=len(prompts) * 3)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import torch
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
 from experiments.mi_user_persona import direction_items
 from hf_memory import PlainMethod, PromptMethod, generate_with, load_default_model
 from hf_memory.metrics.reply_judge import ReplyJudge
@@ -33,16 +34,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direction", default="caution+")
     parser.add_argument("--skip-pirate", action="store_true")
+    add_jsonl_argument(parser, "steering")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "steering.persona_call_time")
     print(f"# {platform.machine()} {platform.processor()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
-    start = time.perf_counter()
-    model, tokenizer = load_default_model()
-    loaded = time.perf_counter() - start
+    (model, tokenizer), loaded = timed(load_default_model)
     text, items = direction_items(args.direction)
-    start = time.perf_counter()
-    found = calibrate_persona(model, tokenizer, text, items[:20], progress=False)
-    print(f"# {args.direction}: the default call {time.perf_counter() - start:.0f} s (model "
+    found, seconds = timed(lambda: calibrate_persona(model, tokenizer, text, items[:20],
+                                                     progress=False))
+    log.write(persona=args.direction, call_s=seconds, load_s=loaded, recipe=found.recipe,
+              layers=found.selector.layers, kv_fraction=found.trials[0]["kv_fraction"])
+    print(f"# {args.direction}: the default call {seconds:.0f} s (model "
           f"loaded in {loaded:.1f} s); kept {found.recipe} at layers {found.selector.layers}, "
           f"KV {found.trials[0]['kv_fraction']:.2f}x the prompt's", flush=True)
     if args.skip_pirate:
@@ -51,11 +54,13 @@ def main() -> None:
     cost = NeutralCost(model, tokenizer)
     prompt = PromptMethod(spec["text"], tokenizer=tokenizer)
     budget = cost.measure(prompt)
-    start = time.perf_counter()
-    pirate = calibrate_persona(model, tokenizer, spec["text"], spec["pairs"], cost=cost,
-                               cost_budget=budget, progress=False)
+    pirate, seconds = timed(lambda: calibrate_persona(
+        model, tokenizer, spec["text"], spec["pairs"], cost=cost, cost_budget=budget,
+        progress=False))
+    log.write(persona="pirate", call_s=seconds, cost_budget=budget, recipe=pirate.recipe,
+              layers=pirate.selector.layers, kv_fraction=pirate.trials[0]["kv_fraction"])
     print(f"# pirate: the call within the prompt's own cost ({budget:.3f}) "
-          f"{time.perf_counter() - start:.0f} s; kept {pirate.recipe} at layers "
+          f"{seconds:.0f} s; kept {pirate.recipe} at layers "
           f"{pirate.selector.layers}, units {pirate.selector.units}, trials "
           f"{[(t['recipe'], t.get('screened')) for t in pirate.trials]}")
     judge = ReplyJudge.fit(spec["pairs"], min_accuracy=None)

@@ -15,13 +15,12 @@ step (the median of its later forward passes, and of their mean: slow outliers),
 inside the same call, and the seconds the call spent outside forward passes (plain → steered).
 
 Usage: python -m benchmarks.steering.serving_shapes [--device cpu|cuda] [--models ...]
-       [--batches 1 8 32] [--prompts 64 2048] [--json FILE] [--quick]
+       [--batches 1 8 32] [--prompts 64 2048] [--jsonl FILE] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -35,6 +34,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import synchronize, timed
 from hf_memory import BankSet, MemoryBank, load_default_model, steer
 
 PATHS = ("reference", "torch", "auto")
@@ -104,11 +105,6 @@ def device_dtype_and_machine(args) -> tuple[torch.device, torch.dtype, str]:
     return device, dtype, where
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed_generate(model, ids: torch.Tensor,
                    new_tokens: int) -> tuple[float, float, float, float, float]:
     """Seconds of a greedy ``generate()`` of ``new_tokens``, of its prefill (its first forward
@@ -129,12 +125,9 @@ def timed_generate(model, ids: torch.Tensor,
     hooks = [model.register_forward_pre_hook(begin, with_kwargs=True, prepend=True),
              model.register_forward_hook(end, with_kwargs=True)]
     try:
-        synchronize(ids.device)
-        start = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-        synchronize(ids.device)
-        total = time.perf_counter() - start
+        _, total = timed(lambda: model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens, do_sample=False, pad_token_id=0), ids.device)
     finally:
         for hook in hooks:
             hook.remove()
@@ -172,7 +165,7 @@ def measure(model, banks: BankSet, batch: int, prompt: int, new_tokens: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write every measurement here (JSON lines)")
+    add_jsonl_argument(parser, "steering")
     parser.add_argument("--quick", action="store_true", help="a small grid, to check the script")
     add_device_arguments(parser)
     parser.add_argument("--models", nargs="+", choices=list(MODELS),
@@ -198,32 +191,26 @@ def main() -> None:
           f"{' | '.join(paths)} path", flush=True)
     print(f"{'model':>13} {'B':>3} {'prompt':>6} {'plain tok/s':>12} {'ratio':>13} "
           f"{'prefill':>13} {'decode':>13} {'decode mean':>13} {'outside ms':>13}")
-    sink = open(args.json, "w") if args.json else None  # a row at a time: a cut run keeps its rows
-    try:
-        for name in args.models:
-            model = build(name, device, dtype)
-            banks = banks_for(model)
-            for prompt in prompts:
-                for batch in batches:
-                    row = {"model": name, "device": where, "dtype": str(dtype),
-                           **measure(model, banks, batch, prompt, args.new_tokens,
-                                     args.repeats, paths, warmups=args.warmups)}
-                    if sink:
-                        sink.write(json.dumps(row) + "\n")
-                        sink.flush()
-                    print(f"{name:>13} {batch:>3} {prompt:>6} {row['plain_tok_s']:>12,.1f} "
-                          + " ".join("|".join(f"{row[path][k]:>5.2f}" for path in paths) + "x"
-                                     for k in ("ratio", "prefill_ratio", "decode_ratio",
-                                               "decode_mean_ratio"))
-                          + f" {1e3 * row['plain_outside_s']:.0f}→"
-                          + "|".join(f"{1e3 * row[path]['outside_s']:.0f}" for path in paths),
-                          flush=True)
-            del model, banks
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    finally:
-        if sink:
-            sink.close()
+    log = ResultLog(args.jsonl, "steering.serving_shapes")
+    for name in args.models:
+        model = build(name, device, dtype)
+        banks = banks_for(model)
+        for prompt in prompts:
+            for batch in batches:
+                row = {"model": name, "device": where, "dtype": str(dtype),
+                       **measure(model, banks, batch, prompt, args.new_tokens,
+                                 args.repeats, paths, warmups=args.warmups)}
+                log.write(**row)
+                print(f"{name:>13} {batch:>3} {prompt:>6} {row['plain_tok_s']:>12,.1f} "
+                      + " ".join("|".join(f"{row[path][k]:>5.2f}" for path in paths) + "x"
+                                 for k in ("ratio", "prefill_ratio", "decode_ratio",
+                                           "decode_mean_ratio"))
+                      + f" {1e3 * row['plain_outside_s']:.0f}→"
+                      + "|".join(f"{1e3 * row[path]['outside_s']:.0f}" for path in paths),
+                      flush=True)
+        del model, banks
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Usage: python -m benchmarks.steering.step_ops
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 
@@ -20,6 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
+from benchmarks.results import ResultLog, add_jsonl_argument
 from benchmarks.steering.serving_shapes import banks_for, build
 from hf_memory import steer
 from hf_memory.models.transformers_compat import cache_kwargs
@@ -56,6 +58,9 @@ def decode_step_ops(model, ids, mask, steering) -> collections.Counter:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_jsonl_argument(parser, "steering")
+    log = ResultLog(parser.parse_args().jsonl, "steering.step_ops")
     torch.manual_seed(0)
     model = build("smollm2-135m", torch.device("cpu"), torch.float32)
     banks = banks_for(model)
@@ -68,9 +73,13 @@ def main() -> None:
             mask[1::2, :8] = 0  # left padding on every other row
         plain = decode_step_ops(model, ids, mask, contextlib.nullcontext())
         print(f"batch {batch}: plain {sum(plain.values())} operations")
+        log.write(batch=batch, path="plain", operations=sum(plain.values()))
         for path in ("reference", "auto"):
             ops = decode_step_ops(model, ids, mask, steer(model, banks, mixture_path=path))
             extra = ops - plain
+            log.write(batch=batch, path=path, operations=sum(ops.values()),
+                      per_steered_layer=sum(extra.values()) / STEERED_LAYERS,
+                      extra={name: n // STEERED_LAYERS for name, n in extra.most_common()})
             print(f"  {path:9} {sum(ops.values())} (+{sum(extra.values()) / STEERED_LAYERS:.0f} "
                   f"per steered layer): "
                   + ", ".join(f"{name} {n // STEERED_LAYERS}" for name, n in extra.most_common()))

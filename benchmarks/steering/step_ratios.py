@@ -11,20 +11,19 @@ same history. Models and banks as in ``serving_shapes.py`` (random weights; 2 ×
 five layers).
 
 Usage: python -m benchmarks.steering.step_ratios [--models llama-1b] [--batches 8 32]
-       [--prompts 64 2048] [--prefill-rounds 3] [--decode-rounds 20] [--json FILE]
+       [--prompts 64 2048] [--prefill-rounds 3] [--decode-rounds 20] [--jsonl FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
 from contextlib import nullcontext
 
 import torch
 from transformers import DynamicCache
 
+from benchmarks.results import ResultLog, add_jsonl_argument
 from benchmarks.steering.serving_shapes import (
     MODELS,
     PATHS,
@@ -32,19 +31,19 @@ from benchmarks.steering.serving_shapes import (
     banks_for,
     build,
     device_dtype_and_machine,
-    synchronize,
 )
+from benchmarks.timing import timed
 from hf_memory import steer
 from hf_memory.models.transformers_compat import cache_kwargs
 
 
-def paired_ratios(timed, labels: tuple[str, ...], rounds: int) -> dict[str, list[float]]:
-    """For each steered label, the ratio plain / steered of ``timed(label)`` seconds in each of
+def paired_ratios(seconds_of, labels: tuple[str, ...], rounds: int) -> dict[str, list[float]]:
+    """For each steered label, the ratio plain / steered of ``seconds_of(label)`` in each of
     ``rounds`` rounds (all labels back to back within a round, which one goes first rotating)."""
     ratios: dict[str, list[float]] = {label: [] for label in labels[1:]}
     for round_ in range(rounds):
         first = round_ % len(labels)
-        seconds = {label: timed(label) for label in labels[first:] + labels[:first]}
+        seconds = {label: seconds_of(label) for label in labels[first:] + labels[:first]}
         for label in ratios:
             ratios[label].append(seconds["plain"] / seconds[label])
     return ratios
@@ -68,12 +67,9 @@ def measure(model, banks, batch: int, prompt: int, paths: tuple[str, ...],
 
     def forward(label: str, tokens, cache, attention_mask) -> float:
         with steering(label):
-            synchronize(device)
-            start = time.perf_counter()
-            model(tokens, attention_mask=attention_mask, **cache_kwargs(cache), use_cache=True,
-                  logits_to_keep=1)  # (as generate() asks: the last position's logits only)
-            synchronize(device)
-            return time.perf_counter() - start
+            return timed(lambda: model(  # (as generate() asks: the last position's logits only)
+                tokens, attention_mask=attention_mask, **cache_kwargs(cache), use_cache=True,
+                logits_to_keep=1), device)[1]
 
     with torch.inference_mode():
         prefill = paired_ratios(
@@ -113,7 +109,7 @@ def main() -> None:
                         help="paired prefill rounds (0: decode only, for prompts whose prefill "
                              "takes minutes)")
     parser.add_argument("--decode-rounds", type=int, default=20)
-    parser.add_argument("--json", help="write every measurement here (JSON lines)")
+    add_jsonl_argument(parser, "steering")
     args = parser.parse_args()
     if args.decode_rounds < 1 or args.prefill_rounds < 0:
         parser.error("--decode-rounds must be at least 1 and --prefill-rounds at least 0")
@@ -121,27 +117,21 @@ def main() -> None:
     print(f"# {where}, torch {torch.__version__}, {dtype}; banks 2 x 24 slots at 5 layers; "
           "plain / steered seconds of adjacent passes: median [quartiles] over rounds")
     print(f"{'model':>13} {'B':>3} {'prompt':>6} {'path':>9} {'prefill':>17} {'decode':>17}")
-    sink = open(args.json, "a") if args.json else None  # a row at a time: a cut run keeps its rows
-    try:
-        for name in args.models:
-            model = build(name, device, dtype)
-            banks = banks_for(model)
-            for prompt in args.prompts:
-                for batch in args.batches:
-                    row = {"model": name, "device": where, "dtype": str(dtype),
-                           **measure(model, banks, batch, prompt, tuple(args.paths),
-                                     args.prefill_rounds, args.decode_rounds)}
-                    if sink:
-                        sink.write(json.dumps(row) + "\n")
-                        sink.flush()
-                    for path in args.paths:
-                        print(f"{name:>13} {batch:>3} {prompt:>6} {path:>9} "
-                              f"{shown(row[path]['prefill'])} {shown(row[path]['decode'])}",
-                              flush=True)
-            del model, banks
-    finally:
-        if sink:
-            sink.close()
+    log = ResultLog(args.jsonl, "steering.step_ratios")
+    for name in args.models:
+        model = build(name, device, dtype)
+        banks = banks_for(model)
+        for prompt in args.prompts:
+            for batch in args.batches:
+                row = {"model": name, "device": where, "dtype": str(dtype),
+                       **measure(model, banks, batch, prompt, tuple(args.paths),
+                                 args.prefill_rounds, args.decode_rounds)}
+                log.write(**row)
+                for path in args.paths:
+                    print(f"{name:>13} {batch:>3} {prompt:>6} {path:>9} "
+                          f"{shown(row[path]['prefill'])} {shown(row[path]['decode'])}",
+                          flush=True)
+        del model, banks
 
 
 if __name__ == "__main__":
