@@ -37,3 +37,11 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmups: int = 0,
     for _ in range(warmups):
         fn()
     return statistics.median(timed(fn, device)[1] for _ in range(repeats))
+
+
+def wall_and_cpu_seconds(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall seconds of ``fn()`` and this thread's CPU seconds in it (with one torch thread, the
+    call's own work, whatever else the machine runs)."""
+    start, start_cpu = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - start, time.thread_time() - start_cpu

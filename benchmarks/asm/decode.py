@@ -22,6 +22,7 @@ import time
 import torch
 from transformers import LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
+from benchmarks.results import ResultLog, add_jsonl_argument
 from modeling.asm import ASMConfig, ASMForCausalLM
 from modeling.asm.baseline_asm import matched_llama_config
 
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--layers", type=int, default=21, help="depth (ASM-57M: 21)")
+    add_jsonl_argument(parser, "asm")
     args = parser.parse_args()
     if min([args.threads, args.layers, args.repeats] + args.contexts) < 1 or args.new_tokens < 3:
         parser.error("sizes must be positive and --new-tokens at least 3")
@@ -73,6 +75,8 @@ def main() -> None:
           f"{torch.__version__}; ASM-57M shape ({args.layers} layers, d {config.hidden_size}) vs "
           f"same-width Llama, float32, batch 1, greedy generate(); median gap over "
           f"{args.new_tokens} new tokens, median of {args.repeats} alternating rounds")
+    log = ResultLog(args.jsonl, "asm.decode", layers=args.layers, threads=args.threads,
+                    new_tokens=args.new_tokens, repeats=args.repeats)
     print("context  wall: asm_ms  llama_ms  asm/llama   cpu: asm_ms  llama_ms  asm/llama")
     for context in args.contexts:
         prompt = torch.randint(0, config.vocab_size, (1, context))
@@ -80,11 +84,14 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, model in models.items():
                 runs[name].append(per_token_ms(model, prompt, args.new_tokens))
-        row = f"{context:<8}"
-        for i in (0, 1):
+        row, figures = f"{context:<8}", {}
+        for i, clock in enumerate(("wall", "cpu")):
             asm, llama = (statistics.median(x[i] for x in runs[name]) for name in ("asm", "llama"))
             row += f"      {asm:7.2f}  {llama:8.2f}  {asm / llama:8.2f}x"
+            figures |= {f"{clock}_asm_ms": asm, f"{clock}_llama_ms": llama,
+                        f"{clock}_ratio": asm / llama}
         print(row, flush=True)
+        log.write(context=context, **figures)
 
 
 if __name__ == "__main__":

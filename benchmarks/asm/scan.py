@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import median_seconds, timed
 from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunk_autograd
 
@@ -59,12 +60,7 @@ def saved_bytes_and_seconds(fn: Callable[..., torch.Tensor], inputs: list[torch.
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         out = fn(*inputs)
     out.sum().backward()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*inputs).sum().backward()
-        runs.append(time.perf_counter() - start)
-    return sum(storages.values()), statistics.median(runs)
+    return sum(storages.values()), median_seconds(lambda: fn(*inputs).sum().backward(), repeats)
 
 
 def scan_inputs(t: int, heads: int, slots: int, width: int) -> list[torch.Tensor]:
@@ -96,10 +92,9 @@ def decode_ms_per_token(model: ASMForCausalLM, contexts: list[int],
         runs: list[list[float]] = [[] for _ in contexts]
         for step in range(steps + 1):
             for cache, times in zip(caches, runs, strict=True):
-                start = time.perf_counter()
-                model(token, **cache_kwargs(cache), use_cache=True)
+                _, seconds = timed(lambda c=cache: model(token, **cache_kwargs(c), use_cache=True))
                 if step:  # the first step is a warm-up
-                    times.append(time.perf_counter() - start)
+                    times.append(seconds)
     return [(1000 * statistics.median(times), cache.state_bytes())
             for cache, times in zip(caches, runs, strict=True)]
 
@@ -112,6 +107,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=21, help="decode model depth (ASM-57M: 21)")
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--contexts", type=int, nargs=2, default=[64, 4096])
+    add_jsonl_argument(parser, "asm")
     args = parser.parse_args()
     if args.threads < 1 or args.layers < 1 or min(args.lengths + args.contexts) < 1:
         parser.error("--threads, --layers, --lengths and --contexts must be positive")
@@ -123,6 +119,7 @@ def main() -> None:
           f"torch {torch.__version__}, cuda={torch.cuda.is_available()}")
     print(f"# scan + read, fwd+bwd, B=1 H={heads} K={slots} d={width} (ASM-57M head), "
           f"chunk {config.chunk_size}, median of {args.repeats}")
+    log = ResultLog(args.jsonl, "asm.scan", threads=args.threads, repeats=args.repeats)
     print("T      chunked_s  naive_s  speedup  chunked_saved_MiB  naive_saved_MiB  mem_ratio")
     for t in args.lengths:
         inputs = scan_inputs(t, heads, slots, width)
@@ -131,6 +128,9 @@ def main() -> None:
         print(f"{t:<6} {chunked_s:9.3f}  {naive_s:7.3f}  {naive_s / chunked_s:6.1f}x  "
               f"{chunked_bytes / 2**20:17.1f}  {naive_bytes / 2**20:15.1f}  "
               f"{naive_bytes / chunked_bytes:8.1f}x")
+        log.write(section="scan", length=t, chunked_s=chunked_s, naive_s=naive_s,
+                  speedup=naive_s / chunked_s, chunked_saved_bytes=chunked_bytes,
+                  naive_saved_bytes=naive_bytes, memory_ratio=naive_bytes / chunked_bytes)
     model = ASMForCausalLM(config).eval()
     short, long_ = args.contexts
     (ms_short, bytes_short), (ms_long, bytes_long) = decode_ms_per_token(
@@ -140,6 +140,9 @@ def main() -> None:
     print(f"context {short}: {ms_short:.2f} ms/token, cache {bytes_short / 2**10:.0f} KiB")
     print(f"context {long_}: {ms_long:.2f} ms/token, cache {bytes_long / 2**10:.0f} KiB")
     print(f"latency ratio {long_}/{short}: {ms_long / ms_short:.2f}")
+    log.write(section="decode", layers=args.layers, steps=args.decode_steps,
+              contexts=[short, long_], ms_per_token=[ms_short, ms_long],
+              cache_bytes=[bytes_short, bytes_long], latency_ratio=ms_long / ms_short)
 
 
 if __name__ == "__main__":

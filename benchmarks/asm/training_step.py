@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 
 import torch
 from transformers import LlamaForCausalLM
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import wall_and_cpu_seconds
 from modeling.asm import ASMConfig, ASMForCausalLM
 from modeling.asm.baseline_asm import count_parameters, matched_llama_config
 
@@ -36,7 +37,10 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=32, help="ASM scan chunk size")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    add_jsonl_argument(parser, "asm")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "asm.training_step", hidden=args.hidden, layers=args.layers,
+                    heads=args.heads, batch=args.batch, block=args.block, threads=args.threads)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     config = ASMConfig(vocab_size=args.vocab, hidden_size=args.hidden,
@@ -48,16 +52,18 @@ def main() -> None:
     batch = torch.randint(0, args.vocab, (args.batch, args.block))
     times: dict[str, list[float]] = {name: [] for name in models}
     cpu: dict[str, list[float]] = {name: [] for name in models}
+
+    def step(name: str) -> None:
+        models[name](input_ids=batch, labels=batch, use_cache=False).loss.backward()
+        optimizers[name].step()
+        optimizers[name].zero_grad(set_to_none=True)
+
     for repeat in range(args.repeats + 1):
-        for name, model in models.items():
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            loss = model(input_ids=batch, labels=batch, use_cache=False).loss
-            loss.backward()
-            optimizers[name].step()
-            optimizers[name].zero_grad(set_to_none=True)
+        for name in models:
+            wall, thread = wall_and_cpu_seconds(lambda n=name: step(n))
             if repeat:  # the first round warms up
-                times[name].append(time.perf_counter() - start)
-                cpu[name].append(time.thread_time() - start_cpu)
+                times[name].append(wall)
+                cpu[name].append(thread)
     print(f"# {platform.processor() or platform.machine()}, {args.threads} thread(s), torch "
           f"{torch.__version__}; batch {args.batch} x {args.block} tokens, ASM chunk "
           f"{config.chunk_size}")
@@ -66,9 +72,12 @@ def main() -> None:
         median = statistics.median(times[name])
         print(f"{name:6s} {count_parameters(model):>11,} parameters  step {median * 1e3:8.1f} ms  "
               f"{tokens / median:9.0f} tokens/s  cpu {statistics.median(cpu[name]) * 1e3:8.1f} ms")
+        log.write(model=name, parameters=count_parameters(model), step_ms=median * 1e3,
+                  tokens_s=tokens / median, cpu_ms=statistics.median(cpu[name]) * 1e3)
     for label, runs in (("step time", times), ("cpu time", cpu)):
         ratio = statistics.median(runs["asm"]) / statistics.median(runs["llama"])
         print(f"asm / llama {label}: {ratio:.2f}")
+        log.write(model="asm / llama", **{label.replace(" ", "_") + "_ratio": ratio})
 
 
 if __name__ == "__main__":
