@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 
 import torch
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
 from modeling.air import AIRConfig, AIRSolver
 from modeling.air.optim_air import AdamATan2
 from modeling.air.training_air import compile_recurrent_blocks
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--injection", default="Lx_H")
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    add_jsonl_argument(parser, "air")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
@@ -69,16 +71,12 @@ def main() -> None:
     eager, compiled = _solver(args), _solver(args)
     compile_recurrent_blocks(compiled)
     eager_step, compiled_step = _stepper(eager, batch), _stepper(compiled, batch)
-    start = time.perf_counter()
-    first_compiled = compiled_step()
-    compile_s = time.perf_counter() - start
+    first_compiled, compile_s = timed(compiled_step)
     first_eager = eager_step()
     eager_times, compiled_times = [], []
     for _ in range(args.repeats):
         for step, times in ((eager_step, eager_times), (compiled_step, compiled_times)):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
+            times.append(timed(step)[1])
     eager_ms = 1000 * statistics.median(eager_times)
     compiled_ms = 1000 * statistics.median(compiled_times)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
@@ -88,6 +86,11 @@ def main() -> None:
           f"compiled {first_compiled:.6f} (|diff| {abs(first_eager - first_compiled):.1e})")
     print(f"median step: eager {eager_ms:.0f} ms, compiled {compiled_ms:.0f} ms, "
           f"eager / compiled {eager_ms / compiled_ms:.2f}")
+    ResultLog(args.jsonl, "air.training_step").write(
+        hidden=args.hidden, layers=args.layers, injection=args.injection, batch=args.batch,
+        seq=args.seq, repeats=args.repeats, threads=args.threads, compile_s=compile_s,
+        first_loss_diff=abs(first_eager - first_compiled), eager_ms=eager_ms,
+        compiled_ms=compiled_ms, ratio=eager_ms / compiled_ms)
 
 
 if __name__ == "__main__":

@@ -10,29 +10,15 @@ Usage: python -m benchmarks.air.training_steps [--device cuda] [--repeats 10] [-
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import median_seconds
 from modeling.air import AIRConfig, AIRSolver
 from modeling.air.optim_air import AdamATan2
 from modeling.arith import ArithConfig, ArithTransformer
 from modeling.arith.data_arith import ArithTask, sample_batch
-
-
-def timed(step, device: torch.device, repeats: int) -> float:
-    step()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def air_step(device: torch.device, injection: str, batch: int):
@@ -80,18 +66,21 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    add_jsonl_argument(parser, "air")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{args.threads}"
     print(f"# {name}, torch {torch.__version__}, "
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}")
+    log = ResultLog(args.jsonl, "air.training_steps", device=name, repeats=args.repeats)
     for label, step in (("air Lx_H  9x9, batch 64", air_step(device, "Lx_H", 64)),
                         ("air Lx_Hx 9x9, batch 64", air_step(device, "Lx_Hx", 64)),
                         ("arith, batch 512", arith_step(device, 512))):
-        seconds = timed(step, device, args.repeats)
+        seconds = median_seconds(step, args.repeats, warmups=1, device=device)
         print(f"{label:<26} {1000 * seconds:9.1f} ms/step  {1 / seconds:8.1f} steps/s",
               flush=True)
+        log.write(step=label, ms_per_step=1000 * seconds, steps_s=1 / seconds)
 
 
 if __name__ == "__main__":
