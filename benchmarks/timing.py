@@ -45,3 +45,19 @@ def wall_and_cpu_seconds(fn: Callable[[], object]) -> tuple[float, float]:
     start, start_cpu = time.perf_counter(), time.thread_time()
     fn()
     return time.perf_counter() - start, time.thread_time() - start_cpu
+
+
+def median_cuda_ms(fn: Callable[[], object], repeats: int = 50, warmups: int = 5) -> float:
+    """Median milliseconds of ``fn()`` by CUDA events (the GPU's own clock, without the host's
+    launch gaps around the call), after ``warmups`` untimed calls."""
+    for _ in range(warmups):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]

@@ -13,22 +13,22 @@
 * ``loss``: a short bf16 training run (a small ASM, the same seed and batches) with the chunk and
   the recurrent kernels: the two loss curves and their largest gap.
 
-Usage: python -m benchmarks.gpu.asm [--json FILE] [--quick]
+Usage: python -m benchmarks.gpu.asm [--jsonl FILE] [--quick]
        [--sections layer,model,decode,loss,fla]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 from transformers import LlamaForCausalLM
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import median_seconds, timed
 from hf_memory.models.transformers_compat import cache_kwargs, output_cache
 from modeling.asm import ASMConfig, ASMForCausalLM, asa_attend_chunk_autograd
 from modeling.asm.asm_fused_recurrent import asa_attend_fused_recurrent
@@ -38,18 +38,12 @@ from modeling.asm.baseline_asm import matched_llama_config
 CUDA = torch.device("cuda")
 
 
-def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+def timed_with_peak(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     """Median seconds of ``fn`` (after one warm-up) and its peak memory in GiB."""
     fn()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), torch.cuda.max_memory_allocated() / 2**30
+    return median_seconds(fn, repeats, device=CUDA), torch.cuda.max_memory_allocated() / 2**30
 
 
 def naive_loop(logits, v, q, key_logits, gamma):
@@ -121,10 +115,10 @@ def layer_table(args, config: ASMConfig, rows: list[dict]) -> None:
             inputs = scan_inputs(b, t, h, k, d)
             row = {"section": "layer", "B": b, "T": t}
             for name, fn in forms.items():
-                sec, mem = timed(scan_step(fn, inputs), args.repeats)
+                sec, mem = timed_with_peak(scan_step(fn, inputs), args.repeats)
                 row[name] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
             if t <= args.loop_max:
-                sec, mem = timed(scan_step(naive_loop, inputs), 1)
+                sec, mem = timed_with_peak(scan_step(naive_loop, inputs), 1)
                 row["loop"] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
             best = max((n for n in forms if n.startswith("chunk")),
                        key=lambda n: row[n]["tok_s"])
@@ -147,7 +141,7 @@ def fla_table(args, config: ASMConfig, rows: list[dict]) -> None:
         for t in args.lengths:
             row = {"section": "fla_gsa", "B": b, "T": t}
             try:
-                sec, mem = timed(gsa_step(b, t, h, k, d), args.repeats)
+                sec, mem = timed_with_peak(gsa_step(b, t, h, k, d), args.repeats)
                 row.update(s=sec, tok_s=b * t / sec, peak_gib=mem)
                 print(f"{b:>3} {t:>6} {row['tok_s']:>13,.0f} tok/s {mem:6.2f} GiB", flush=True)
             except Exception as exc:  # fla missing or refusing the shape: say why, go on
@@ -176,7 +170,7 @@ def model_table(args, rows: list[dict]) -> None:
             def run(model=model, ids=ids):
                 model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
                 model.zero_grad(set_to_none=True)
-            sec, mem = timed(run, args.repeats)
+            sec, mem = timed_with_peak(run, args.repeats)
             row[name] = {"s": sec, "tok_s": b * t / sec, "peak_gib": mem}
             del model
             torch.cuda.empty_cache()
@@ -220,16 +214,19 @@ def loss_curves(args, rows: list[dict]) -> None:
         model.train()
         optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
         curve = []
-        start = time.perf_counter()
-        for ids in batches:
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            optimiser.step()
-            optimiser.zero_grad(set_to_none=True)
-            curve.append(loss.item())
+
+        def train(model=model, optimiser=optimiser, curve=curve) -> None:
+            for ids in batches:
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                optimiser.step()
+                optimiser.zero_grad(set_to_none=True)
+                curve.append(loss.item())
+
+        seconds = timed(train)[1]
         curves[name] = curve
         print(f"# {name}: loss {curve[0]:.3f} -> {curve[-1]:.3f} in {len(curve)} steps, "
-              f"{time.perf_counter() - start:.0f} s", flush=True)
+              f"{seconds:.0f} s", flush=True)
         del model, optimiser
     gaps = [abs(a - c) for a, c in zip(curves["asm_chunk"], curves["asm_recurrent"], strict=True)]
     tail = curves["asm_recurrent"][-20:]
@@ -253,12 +250,10 @@ def decode_table(args, rows: list[dict]) -> None:
                 cache = output_cache(model(ids, use_cache=True))
                 times = []
                 for step in range(args.decode_steps + 2):
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    cache = output_cache(model(token, **cache_kwargs(cache), use_cache=True))
-                    torch.cuda.synchronize()
+                    cache, seconds = timed(lambda m=model, c=cache, t=token: output_cache(
+                        m(t, **cache_kwargs(c), use_cache=True)), CUDA)
                     if step >= 2:
-                        times.append(time.perf_counter() - start)
+                        times.append(seconds)
                 row[name] = 1000 * statistics.median(times)
                 del cache
         rows.append(row)
@@ -268,7 +263,7 @@ def decode_table(args, rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write every measurement here (JSON lines)")
+    add_jsonl_argument(parser, "gpu")
     parser.add_argument("--quick", action="store_true", help="a small grid, to check the script")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sections", default="layer,model,decode",
@@ -298,9 +293,9 @@ def main() -> None:
         if "fla" in sections:
             fla_table(args, ASMConfig(), rows)
     finally:
-        if args.json:
-            with open(args.json, "w") as handle:
-                handle.writelines(json.dumps(row) + "\n" for row in rows)
+        log = ResultLog(args.jsonl, "gpu.asm")
+        for row in rows:
+            log.write(**row)
 
 
 if __name__ == "__main__":

@@ -16,18 +16,19 @@ Each row also gives the largest output difference from the stock call and the la
 log-sum-exp difference from a float32 ``logsumexp`` of the scores (over the query rows that see
 a key).
 
-Usage: python -m benchmarks.gpu.lse_kernels [--json FILE] [--no-flex]
+Usage: python -m benchmarks.gpu.lse_kernels [--jsonl FILE] [--no-flex]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import median_cuda_ms
 from hf_memory.steering import stock_attention
 from hf_memory.steering.stock_attention import attention_with_lse
 
@@ -41,21 +42,6 @@ SHAPES = [  # name, batch, query length, history length, padded
     ("prefill", 8, 512, 512, True),
 ]
 FLEX_SHAPES = {("decode", 8), ("prefill", 1)}
-
-
-def ms(fn, repeats: int = 50) -> float:
-    """Median milliseconds of ``fn()`` by CUDA events, after warming up."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def inputs(batch: int, q_len: int, span: int, padded: bool):
@@ -131,7 +117,7 @@ def candidates(q, k, v, visible, causal: bool, flex: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write every measurement here (JSON lines)")
+    add_jsonl_argument(parser, "gpu")
     parser.add_argument("--no-flex", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -139,7 +125,7 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, H {HEADS}, "
           f"KVH {KV_HEADS}, D {DIM}; ms (ratio stock / candidate), max |out - stock|, "
           f"max |lse - float32 lse|", flush=True)
-    sink = open(args.json, "w") if args.json else None
+    log = ResultLog(args.jsonl, "gpu.lse_kernels")
     for kind, batch, q_len, span, padded in SHAPES:
         q, k, v, visible = inputs(batch, q_len, span, padded)
         causal = visible is None and q_len > 1
@@ -155,14 +141,14 @@ def main() -> None:
         flex = not args.no_flex and (kind, batch) in FLEX_SHAPES
         found = candidates(q, k, v, visible, causal, flex)
         reference, _ = found["stock"]()
-        base = ms(found["stock"])
+        base = median_cuda_ms(found["stock"])
         cells = []
         for name, fn in found.items():
             row = {"shape": kind, "batch": batch, "q_len": q_len, "history": span,
                    "padded": padded, "kernel": name}
             try:
                 out, lse = fn()
-                row["ms"] = ms(fn)
+                row["ms"] = median_cuda_ms(fn)
                 row["ratio"] = base / row["ms"]
                 seen = torch.isfinite(want_lse)  # (rows that see no key are left out)
                 row["out_err"] = float((out.float() - reference.float()).abs().amax(-1)[seen]
@@ -174,9 +160,7 @@ def main() -> None:
             except Exception as error:  # a kernel that refuses the shape: say so, go on
                 row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
                 cells.append(f"{name} n/a ({row['error'][:60]})")
-            if sink:
-                sink.write(json.dumps(row) + "\n")
-                sink.flush()
+            log.write(**row)
         print(f"{kind} B {batch} T {q_len} S {span}{' padded' if padded else ''}: "
               + " | ".join(cells), flush=True)
 

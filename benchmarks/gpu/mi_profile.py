@@ -16,14 +16,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from contextlib import nullcontext
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
+from benchmarks.results import ResultLog, add_jsonl_argument
 from benchmarks.steering.serving_shapes import banks_for, build
+from benchmarks.timing import timed
 from hf_memory import steer
 from hf_memory.models.transformers_compat import cache_kwargs
 
@@ -41,13 +42,8 @@ def step_times(model, ids: torch.Tensor, steps: int) -> list[float]:
     """Seconds of each of ``steps`` decode steps after ``ids`` (two more steps warm up)."""
     cache = prefilled(model, ids)
     token = ids[:, -1:]
-    times = []
-    for _ in range(steps + 2):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        model(token, **cache_kwargs(cache), use_cache=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    times = [timed(lambda: model(token, **cache_kwargs(cache), use_cache=True), CUDA)[1]
+             for _ in range(steps + 2)]
     return times[2:]
 
 
@@ -74,7 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=4)
+    add_jsonl_argument(parser, "gpu")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "gpu.mi_profile", steps=args.steps, rounds=args.rounds)
     if not torch.cuda.is_available():
         sys.exit("benchmarks.gpu.mi_profile needs a CUDA device")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; one decode step, bf16")
@@ -101,6 +99,8 @@ def main() -> None:
             print(f"  {path:9}{ms[path]:7.2f} ms/step, {n:5d} kernels, GPU busy {gpu:6.2f} ms"
                   + ("" if path == "plain" else f"  (ratio {ms['plain'] / ms[path]:.2f}x)"),
                   flush=True)
+            log.write(model=name, batch=batch, prompt=prompt, path=path, ms_per_step=ms[path],
+                      kernels=n, gpu_busy_ms=gpu, ratio=ms["plain"] / ms[path])
         del model, banks
         torch.cuda.empty_cache()
 

@@ -7,7 +7,7 @@
 #   SKIP_TESTS=1, SKIP_LSE=1,
 #   SKIP_MI=1, SKIP_COMPILE=1, SKIP_PROFILE=1, SKIP_ASM=1, SKIP_TRAINING=1, SKIP_FLA=1 run less. At most 8 files
 #   come back from a lent machine: every step's log in one file (steps.log, tables included)
-#   and three JSON-lines files.
+#   and seven JSON-lines files (one a step).
 # Wheels the machine's image lacks travel in .whl/ (transformers, datasets and their missing
 # needs, flash-linear-attention as an outside anchor); one that does not import there is
 # dropped and the run goes on with what the image has. Logs and JSON lines go to $OUT.
@@ -42,16 +42,17 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, its log appende
 }
 [ "${SKIP_TESTS:-0}" = 1 ] || step 110 gpu_tests python3 -m pytest tests/test_gpu.py tests/test_fused_merge.py -q -p no:cacheprovider --timeout 100 \
     ${GPU_TESTS:+-k "$GPU_TESTS"}
-[ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 -m benchmarks.gpu.lse_kernels
-[ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 -m benchmarks.gpu.mi_profile
+[ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 -m benchmarks.gpu.lse_kernels --jsonl "$OUT/gpu_lse.jsonl"
+[ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 -m benchmarks.gpu.mi_profile --jsonl "$OUT/gpu_mi_profile.jsonl"
 # shellcheck disable=SC2086  # (MI_MODELS and MI_PATHS are lists)
 [ "${SKIP_MI:-0}" = 1 ] || step "${MI_SECONDS:-165}" gpu_mi python3 -m benchmarks.steering.serving_shapes \
     --device cuda --models ${MI_MODELS:-llama-1b smollm2-135m qwen3-moe} \
-    --paths ${MI_PATHS:-auto} --repeats "${MI_REPEATS:-2}" --json "$OUT/gpu_mi.jsonl"
+    --paths ${MI_PATHS:-auto} --repeats "${MI_REPEATS:-2}" --jsonl "$OUT/gpu_mi.jsonl"
 # torch.compile with CUDA graphs, plain / steering installed / steered (bf16, launch-bound shape)
 [ "${SKIP_COMPILE:-0}" = 1 ] || step "${COMPILE_SECONDS:-240}" gpu_compile python3 -m benchmarks.steering.compile \
-    --dtype bfloat16 --mode reduce-overhead --batch 1 --prompt 64
+    --dtype bfloat16 --mode reduce-overhead --batch 1 --prompt 64 --jsonl "$OUT/gpu_compile.jsonl"
 [ "${SKIP_ASM:-0}" = 1 ] || step 200 gpu_asm python3 -m benchmarks.gpu.asm \
-    --sections "${ASM_SECTIONS:-layer,model,loss}" --json "$OUT/gpu_asm.jsonl"
-[ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 -m benchmarks.air.training_steps --device cuda
-[ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 -m benchmarks.gpu.asm --sections fla --json "$OUT/gpu_asm_fla.jsonl"
+    --sections "${ASM_SECTIONS:-layer,model,loss}" --jsonl "$OUT/gpu_asm.jsonl"
+[ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 -m benchmarks.air.training_steps --device cuda \
+    --jsonl "$OUT/gpu_training.jsonl"
+[ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 -m benchmarks.gpu.asm --sections fla --jsonl "$OUT/gpu_asm_fla.jsonl"
