@@ -27,10 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
-def timed(owner, name: str, totals: dict[str, float], label: str) -> None:
+def add_up_time(owner, name: str, totals: dict[str, float], label: str) -> None:
     """Wrap ``owner.name`` so that its wall time adds up in ``totals[label]``."""
     original = getattr(owner, name)
 
@@ -71,6 +74,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", default="1,8,32")
+    add_jsonl_argument(parser, "vllm")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -81,14 +85,15 @@ def main() -> None:
     from hf_memory_vllm import worker
 
     totals: dict[str, float] = collections.defaultdict(float)
-    timed(worker.WorkerSteering, "_capture_query", totals, "capture")
-    timed(worker.WorkerSteering, "_steer", totals, "steer")
-    timed(worker, "bank_mixture_over", totals, "mixture")
-    timed(worker._Group, "history", totals, "history")
+    add_up_time(worker.WorkerSteering, "_capture_query", totals, "capture")
+    add_up_time(worker.WorkerSteering, "_steer", totals, "steer")
+    add_up_time(worker, "bank_mixture_over", totals, "mixture")
+    add_up_time(worker._Group, "history", totals, "history")
     counts: collections.Counter = collections.Counter()
     counting = [False]
     count_ops(worker.WorkerSteering, counts, counting)
 
+    log = ResultLog(args.jsonl, "vllm.hook_cost", tokens=args.tokens, repeats=args.repeats)
     print(f"# {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads; {args.tokens} new tokens per request, every request steered")
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,13 +108,10 @@ def main() -> None:
         for batch in batches:
             best, plain = None, float("inf")
             for _ in range(args.repeats):
-                start = time.perf_counter()
-                rate(llm, ids, batch, args.tokens, steered=False)
-                plain = min(plain, time.perf_counter() - start)
+                plain = min(plain, timed(lambda b=batch: rate(llm, ids, b, args.tokens,
+                                                              steered=False))[1])
                 totals.clear()
-                start = time.perf_counter()
-                rate(llm, ids, batch, args.tokens, steered=True)
-                wall = time.perf_counter() - start
+                _, wall = timed(lambda b=batch: rate(llm, ids, b, args.tokens, steered=True))
                 run = {"wall": wall, **totals}
                 if best is None or wall < best["wall"]:
                     best = run
@@ -119,6 +121,11 @@ def main() -> None:
                   f"steer {best['steer'] * 1e3:6.1f} (mixture {best['mixture'] * 1e3:6.1f}, "
                   f"history {best['history'] * 1e3:5.1f}); plain run {plain * 1e3:7.1f} ms, "
                   f"steered/plain {plain / best['wall']:.3f}", flush=True)
+            log.write(batch=batch, run_ms=best["wall"] * 1e3, hooks_ms=hooks * 1e3,
+                      hooks_share=hooks / best["wall"],
+                      **{f"{k}_ms": best[k] * 1e3 for k in ("capture", "steer", "mixture",
+                                                            "history")},
+                      plain_ms=plain * 1e3, ratio=plain / best["wall"])
         counting[0] = True
         rate(llm, ids, 1, 8, steered=True)
         calls = counts.pop("(calls)")
@@ -126,6 +133,8 @@ def main() -> None:
         top = ", ".join(f"{name.split('.')[-1]} {n / calls:.0f}"
                         for name, n in counts.most_common(8))
         print(f"aten ops per steered layer, one decoding request: {total / calls:.1f} ({top})")
+        log.write(aten_ops_per_steered_layer=total / calls,
+                  top_ops={name.split(".")[-1]: n / calls for name, n in counts.most_common(8)})
         llm.llm_engine.engine_core.shutdown()
 
 

@@ -36,6 +36,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
+
 PROMPTS = ["Tell me about your plans for the weekend.", "What do you think about exams?",
            "Describe a walk in the forest.", "How do you feel before a job interview?"]
 VALID = {"plain": None, "anxious": {"memory_bank_set": "anxious"},
@@ -188,10 +191,8 @@ def run_load(base: str, ids, expected: dict, clients: int, count: int, tokens: i
         kind, i = job
         return job, complete(base, ids[i], VALID.get(kind, MALFORMED.get(kind)), tokens)
 
-    start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(send, jobs))
-    wall = time.perf_counter() - start
+        results, wall = timed(lambda: list(pool.map(send, jobs)))
     wrong, refused_ok, latencies = [], 0, []
     for (kind, i), (status, text, seconds) in results:
         if kind in MALFORMED:
@@ -245,7 +246,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="server workers (the offline reference stays one process)")
+    add_jsonl_argument(parser, "vllm")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "vllm.load", tokens=args.tokens,
+                    tensor_parallel_size=args.tensor_parallel_size)
 
     import torch
 
@@ -269,6 +273,7 @@ def main() -> None:
             for clients in (int(c) for c in args.clients.split(",")):
                 result = run_load(base, ids, expected, clients, args.requests, args.tokens)
                 failures += len(result["wrong"])
+                log.write(phase="load", **result)
                 print(f"clients {clients:2d}: {result['valid_ok']} valid replies identical to "
                       f"offline, {result['malformed_400']} malformed got 400, wrong "
                       f"{len(result['wrong'])} {result['wrong'][:4]}; "
@@ -276,6 +281,7 @@ def main() -> None:
                       f"p99 {result['p99_s']:.2f} s, wall {result['wall_s']:.1f} s", flush=True)
             killed = kill_engine_mid_load(base, server, ids, expected, long)
             failures += len(killed["wrong"])
+            log.write(phase="engine killed mid-load", **killed)
             print(f"engine killed mid-load ({killed['killed_processes']} processes): "
                   f"{killed['errors']} of {killed['in_flight']} in-flight requests got an error, "
                   f"{killed['completed']} completed, wrong text {len(killed['wrong'])}",
@@ -287,6 +293,7 @@ def main() -> None:
         try:
             result = run_load(base, ids, expected, 4, len(VALID) * len(PROMPTS), args.tokens)
             failures += len(result["wrong"])
+            log.write(phase="restarted server", **result)
             print(f"restarted server: {result['valid_ok']} valid replies identical to offline, "
                   f"{result['malformed_400']} malformed got 400, wrong {len(result['wrong'])}",
                   flush=True)

@@ -20,8 +20,10 @@ import argparse
 import os
 import platform
 import tempfile
-import time
 from pathlib import Path
+
+from benchmarks.results import ResultLog, add_jsonl_argument
+from benchmarks.timing import timed
 
 PROMPTS = ["Tell me about your plans for the weekend.", "What do you think about exams?",
            "Describe a walk in the forest.", "How do you feel before a job interview?"]
@@ -72,9 +74,7 @@ def rate(llm, ids, batch: int, tokens: int, steered: bool) -> float:
         prompts.append(prompt)
         params.append(SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True,
                                      extra_args=extra))
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    return batch * tokens / (time.perf_counter() - start)
+    return batch * tokens / timed(lambda: llm.generate(prompts, params, use_tqdm=False))[1]
 
 
 def vllm_rates(registry: Path, model_dir: Path, batches, tokens: int, repeats: int):
@@ -111,9 +111,8 @@ def generate_rate(model, tokenizer, selector, root: Path, batch: int, tokens: in
              for i in range(batch)]
     inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     with steer(model, banks, selector=selector), torch.inference_mode():
-        start = time.perf_counter()
-        model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
-        return batch * tokens / (time.perf_counter() - start)
+        return batch * tokens / timed(lambda: model.generate(
+            **inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False))[1]
 
 
 def main() -> None:
@@ -123,7 +122,9 @@ def main() -> None:
                         help="skip the transformers generate() comparison")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", default="1,8,16,32")
+    add_jsonl_argument(parser, "vllm")
     args = parser.parse_args()
+    log = ResultLog(args.jsonl, "vllm.steering", tokens=args.tokens, repeats=args.repeats)
     batches = [int(b) for b in args.batches.split(",")]
 
     import torch
@@ -142,11 +143,15 @@ def main() -> None:
             print(f"vLLM  batch {batch:2d}: stock {plain:6.1f} tok/s; with the plugin: plain "
                   f"{rates[batch]['plain']:6.1f}, steered {steered:6.1f} tok/s; steered/stock "
                   f"{steered / plain:.2f}", flush=True)
+            log.write(batch=batch, stock_tok_s=plain, plain_tok_s=rates[batch]["plain"],
+                      steered_tok_s=steered, ratio=steered / plain)
         for batch in [] if args.no_generate else batches:
             generated = generate_rate(model, tokenizer, selector, root, batch, args.tokens)
             steered = rates[batch]["steered"]
             print(f"steered batch {batch:2d}: vLLM {steered:7.1f} tok/s, generate() "
                   f"{generated:7.1f} tok/s, vLLM/generate() {steered / generated:.1f}x", flush=True)
+            log.write(batch=batch, steered_tok_s=steered, generate_tok_s=generated,
+                      vllm_over_generate=steered / generated)
 
 
 if __name__ == "__main__":
