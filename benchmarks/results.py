@@ -65,4 +65,10 @@ class ResultLog:
         row = {"benchmark": self.benchmark, **self.context, **figures, **self.stamp}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+            handle.write(json.dumps(row, default=_plain) + "\n")
+
+
+def _plain(value):
+    """A tensor's or a NumPy value's Python form (``tolist``), else its text: a figure of a type
+    JSON lacks never loses a run's rows."""
+    return value.tolist() if hasattr(value, "tolist") else str(value)

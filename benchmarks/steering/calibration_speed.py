@@ -27,15 +27,13 @@ from hf_memory.recipes.persona import calibrate_persona
 
 def calibrate(model, tokenizer, text, pairs, args, max_bytes):
     plain_states.DEFAULT_MAX_BYTES = max_bytes  # this process only: the before and the after
-    cost = None
 
     def run():
-        nonlocal cost
         cost = NeutralCost(model, tokenizer, **neutral_sample(args.neutral))
-        return calibrate_persona(model, tokenizer, text, pairs, recipes=args.recipes.split(","),
-                                 cost=cost, progress=False)
+        return cost, calibrate_persona(model, tokenizer, text, pairs,
+                                       recipes=args.recipes.split(","), cost=cost, progress=False)
 
-    steering, seconds = timed(run)
+    (cost, steering), seconds = timed(run)
     return seconds, steering, cost.evaluations
 
 
