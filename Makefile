@@ -182,7 +182,8 @@ test-fast: setup
 
 # The CPU speed benchmarks (benchmarks/steering, asm, air) through one runner, each appending its
 # rows to benchmarks/out/<subject>.jsonl; hours at their defaults on a small machine.
-# bench-quick: small arguments, the three slowest left out (minutes). BENCH_ARGS="--subject asm".
+# bench-quick: small arguments, the three slowest left out (17 min on the shared 2-core machine).
+# BENCH_ARGS="--subject asm" (or --only asm.scan) runs part of the set.
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

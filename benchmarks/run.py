@@ -4,8 +4,9 @@ Every benchmark prints its table and appends its rows to ``benchmarks/out/<subje
 At their defaults the set takes hours on a small machine; ``--quick`` runs each with small
 arguments (fewer tokens, repeats, lengths and rounds; one model shape) and leaves out the three
 that time whole persona calibrations or lm-eval runs (calibration_speed, persona_call_time,
-lm_eval_cost), to check the set end to end in minutes. The vLLM and GPU benchmarks run in their
-own environments (``benchmarks/vllm``, ``benchmarks/gpu/run.sh``).
+lm_eval_cost), to check the set end to end (17 min on a shared 2-core machine, most of it the
+steering set's model loads, serving shapes and torch.compile). The vLLM and GPU benchmarks run
+in their own environments (``benchmarks/vllm``, ``benchmarks/gpu/run.sh``).
 
 Usage: python -m benchmarks.run [--subject steering|asm|air] [--quick] [--only NAME ...]
 """
