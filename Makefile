@@ -69,7 +69,7 @@ LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA
 	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
 LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
 
-.PHONY: setup demo docs test test-fast test-compat floor-env test-vllm vllm-env test-floor-and-vllm lint bench clean browser llamacpp-env bench-llamacpp
+.PHONY: setup demo docs test test-fast test-compat floor-env test-vllm vllm-env test-floor-and-vllm lint bench bench-quick clean browser llamacpp-env bench-llamacpp
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -128,7 +128,7 @@ llamacpp-env: $(LLAMACPP_STAMP)
 
 # Our CAA as a llama.cpp control vector against our CAA in transformers (BENCHMARKS).
 bench-llamacpp: setup llamacpp-env
-	$(PY) benchmarks/caa_llamacpp_agreement.py
+	$(PY) -m experiments.caa_llamacpp_agreement
 
 demo: setup
 	$(VENV)/bin/hf-memory demo
@@ -184,8 +184,16 @@ test-vllm: vllm-env
 test-fast: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
+# The CPU speed benchmarks (benchmarks/steering, asm, air) through one runner, each appending its
+# rows to benchmarks/out/<subject>.jsonl; hours at their defaults on a small machine.
+# bench-quick: small arguments, the three slowest left out (17 min on the shared 2-core machine).
+# BENCH_ARGS="--subject asm" (or --only asm.scan) runs part of the set.
+BENCH_ARGS ?=
 bench: setup
-	$(PY) benchmarks/bench_default_model.py
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+bench-quick: setup
+	$(PY) -m benchmarks.run --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(FLOOR_VENV) $(LLAMACPP_VENV) build docs/_build *.egg-info .pytest_cache .ruff_cache

@@ -10,7 +10,7 @@ types, missing and extra keys, huge numbers, NaN / inf, deep nesting) and safete
 :func:`run_case` writes a case to a fresh folder, loads it and returns an :class:`Outcome`; it
 raises ``AssertionError`` when the loader raised anything but exactly one of its documented
 classes, or accepted an artifact its oracle rejects. ``tests/test_fuzz_loaders.py`` and
-``benchmarks/fuzz_loaders.py`` drive it.
+``experiments/fuzz_loaders.py`` drive it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ error, never an unrelated exception, a hang or a silently accepted corrupt artif
 
 The cases and the oracle are in :mod:`tests.loader_fuzz`. The default run tries a few hundred
 cases per loader (about a minute in all on one core); ``HF_MEMORY_FUZZ=nightly`` tries 20 times
-as many. ``benchmarks/fuzz_loaders.py`` runs the same fuzzers for N cases and tabulates them.
+as many. ``experiments/fuzz_loaders.py`` runs the same fuzzers for N cases and tabulates them.
 The regression tests below pin the bugs the fuzzers found, one case each.
 """
 

@@ -19,8 +19,9 @@ ALLOWED = {
     "eval_harness": {"hf_memory", "modeling", "hub_cards"},
     "hf_memory_vllm": {"hf_memory"},  # the vLLM plugin serves banks, never our own families
 }
+# (benchmarks and experiments are not shipped: no package may import them)
 PROJECT = {"modeling", "hf_memory", "hub_cards", "eval_harness", "hf_memory_cli",
-           "hf_memory_vllm"}
+           "hf_memory_vllm", "benchmarks", "experiments"}
 
 
 def _project_imports(path: Path) -> set[str]:

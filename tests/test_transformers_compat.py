@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPAT_POINTS = {ROOT / "hf_memory" / "models" / "transformers_compat.py",
                  ROOT / "modeling" / "asm" / "modeling_asm.py"}
 SOURCE_DIRS = ("hf_memory", "hf_memory_vllm", "hf_memory_cli", "modeling", "hub_cards",
-               "eval_harness", "benchmarks", "tests")
+               "eval_harness", "benchmarks", "experiments", "tests")
 
 
 def test_the_detected_name_is_the_installed_forward_keyword():

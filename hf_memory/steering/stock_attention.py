@@ -5,7 +5,7 @@ the model's own attention computes, and :func:`hf_memory.steering.mixture.bank_m
 merges the banks into that output through the history's log-sum-exp. This module runs that
 attention in the model's dtype with the fused kernel ``torch.nn.functional.
 scaled_dot_product_attention`` dispatches to, asking it for the log-sum-exp it computes anyway
-(the public function discards it). Chosen by ``benchmarks/gpu_lse_kernels.py`` (H200, bf16,
+(the public function discards it). Chosen by ``benchmarks/gpu/lse_kernels.py`` (H200, bf16,
 Llama-1B heads; BENCHMARKS.md "The history through the stock kernel on a GPU"):
 
 * CPU: ``aten._scaled_dot_product_flash_attention_for_cpu`` (float32/64, bf16, fp16);

@@ -57,7 +57,7 @@ class AIRTrainConfig:
     (the dataset needs a ``group`` column: :func:`load_puzzle_folder`, :func:`sudoku_dataset`).
     ``compile``: wrap the recurrent block(s) in ``torch.compile`` (inductor) for training; the
     same function up to float rounding, 1.25x per step on a 2-core CPU
-    (``benchmarks/air_training_step.py``); costs a compilation at the first steps.
+    (``benchmarks/air/training_step.py``); costs a compilation at the first steps.
     """
 
     task: str = "sudoku"

@@ -11,7 +11,7 @@ hands the resolved form to every layer.
 passes of at least :data:`CHUNK_FROM` positions (training, prefill) and the recurrent ones below
 (decoding); else PyTorch. (The interpreter is for testing kernels, so ``auto`` never picks it.
 The threshold is a guess: on an H200 the chunk kernels ran 2-6x the recurrent ones from 1,024
-positions, shorter passes were not measured; ``benchmarks/gpu_asm.py``.)
+positions, shorter passes were not measured; ``benchmarks/gpu/asm.py``.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""AIR and Arith speed: puzzle generators and training steps."""

@@ -1,0 +1,1 @@
+"""CUDA benchmarks, all run by run.sh on a lent GPU machine."""

@@ -1,0 +1,1 @@
+"""Steering (memory inception) speed: generate, serving shapes, step costs, calibration."""

@@ -1,0 +1,1 @@
+"""vLLM plugin speed and load (run with .venv-vllm/bin/python)."""
