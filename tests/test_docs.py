@@ -266,9 +266,16 @@ def python_code(markdown: str, name: str) -> str:
                        for block in fenced_blocks(markdown) if block.language == "python")
 
 
+INCLUDE = re.compile(r"^ {0,3}(?:`{3,}|~{3,})\{include\}\s+(\S+)", re.MULTILINE)
+
+
 def pages() -> list[Path]:
+    """README.md, every page of ``docs/`` and every file a page includes (the per-folder READMEs
+    the guides show), each checked as a page of its own."""
     found = sorted(path for path in DOCS.rglob("*.md") if "_build" not in path.parts)
-    return [ROOT / "README.md", *found]
+    included = {(page.parent / target).resolve() for page in found
+                for target in INCLUDE.findall(page.read_text())}
+    return [ROOT / "README.md", *found, *sorted(included - set(found))]
 
 
 def _name(path: Path) -> str:
