@@ -65,10 +65,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The slow tests first, each group in pytest-randomly's order (a stable sort after its
-    # shuffle): xdist then fills the end of the run with short tests, and no worker idles while
-    # another finishes a minute-long test started last.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is visible")
