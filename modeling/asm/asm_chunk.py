@@ -44,13 +44,15 @@ class _ScanCache:
     values over its carried state ``num_prev`` (at the chunk's reference), so that one product
     gives both the intra-chunk and the carried-state terms (``inv * (x vn^T) ei`` are the
     scores, ``((a inv) ei^T) vn`` the read, the first ``C`` columns of ``x vn^T`` and of
-    ``(a inv) ei^T`` masked to the causal triangle); ``inv [N, C, K]``; ``carry [B H, NC, K]``
-    takes chunk ``i - 1``'s end state to chunk ``i``'s reference."""
+    ``(a inv) ei^T`` masked to the causal triangle); ``inv [N, C, K]``; ``ends [B H, NC, K]``
+    the running max at each chunk's end and ``refs`` the chunks' references (``ends``, 0
+    before a slot's first write)."""
 
     ei: torch.Tensor
     vn: torch.Tensor
     inv: torch.Tensor
-    carry: torch.Tensor
+    ends: torch.Tensor
+    refs: torch.Tensor
     final: ScanState
     pending: list  # (backward pass, term) of the reads, for the scores' backward
     shape: tuple[int, int, int, int]  # (B, H, T, NC)
@@ -79,6 +81,33 @@ def _unchunk(x: torch.Tensor, shape: tuple[int, int, int, int]) -> torch.Tensor:
     b, h, t, nc = shape
     x = x.view(b, h, -1, x.shape[-1])
     return x[:, :, :t] if x.shape[2] != t else x
+
+
+def _causal_weights(sources: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``w[:, i, j] = exp(sources[:, j] - rows[:, i])`` for ``j <= i``, else 0: ``sources,
+    rows [B H, N, K]`` -> ``[B H, N, N, K]`` (source ``j`` reaches row ``i`` from ``j`` on)."""
+    n = rows.shape[1]
+    keep = torch.ones(n, n, dtype=torch.bool, device=rows.device).tril()
+    return torch.where(keep[None, :, :, None],
+                       torch.exp(sources.unsqueeze(1) - rows.unsqueeze(2)), 0.0)
+
+
+def _carried_back(ends: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """The backward's transpose of :func:`_causal_weights`: ``w[:, i, j] = exp(ends[:, i] -
+    columns[:, j])`` for the later chunks ``j > i`` and the final state (the last column, every
+    ``i``), else 0: ``ends [B H, NC, K]``, ``columns [B H, NC + 1, K]`` -> ``[B H, NC, NC + 1,
+    K]``."""
+    nc = ends.shape[1]
+    keep = torch.ones(nc, nc + 1, dtype=torch.bool, device=ends.device).triu(1)
+    keep[:, -1] = True
+    return torch.where(keep[None, :, :, None],
+                       torch.exp(ends.unsqueeze(2) - columns.unsqueeze(1)), 0.0)
+
+
+def _weighted_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``out[:, i, s] = sum_j weights[:, i, j, s] values[:, j, s]``: ``weights [B H, I, J, K]``,
+    ``values [B H, J, K, d]`` -> ``[B H, I, K, d]`` (one batched product per slot)."""
+    return torch.matmul(weights.permute(0, 3, 1, 2), values.transpose(1, 2)).transpose(1, 2)
 
 
 def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
@@ -121,22 +150,20 @@ def _prepare(logits: torch.Tensor, v: torch.Tensor, state: ScanState, step: int,
     e3 = cache.e
     ev = torch.bmm(e3.transpose(1, 2), cache.v).view(b * h, nc, k, d)
     esum = ei[:, :, :step].sum(dim=2)  # [B H, NC, K]
-    carry = torch.exp(m_prev - c)  # 0 before the first write
-    den, num = state.den.reshape(b * h, k), state.num.reshape(b * h, k, d)
-    num_prev = vn.view(b * h, nc, step + k, d)[:, :, step:]
-    dens = []
-    for i in range(nc):
-        den = den * carry[:, i]
-        num = torch.mul(num, carry[:, i, :, None], out=num_prev[:, i])
-        dens.append(den)
-        den = den + esum[:, i]
-        num = num + ev[:, i]
-    den_prev = torch.stack(dens, dim=1)  # [B H, NC, K]
+    # the state each chunk starts from and the final one, each at its own reference: sums over
+    # the initial state (at m0) and the chunks before (chunk j at its end reference), source j
+    # weighted exp(ref_j - c_i) <= 1 (the references never fall; 0 before the first write)
+    weights = _causal_weights(torch.cat([m0, ends], dim=1), torch.cat([c, c[:, -1:]], dim=1))
+    den0, num0 = state.den.reshape(b * h, 1, k), state.num.reshape(b * h, 1, k, d)
+    den_all = (weights * torch.cat([den0, esum], dim=1).unsqueeze(1)).sum(dim=2)
+    num_all = _weighted_sum(weights, torch.cat([num0, ev], dim=1))  # [B H, NC + 1, K, d]
+    vn.view(b * h, nc, step + k, d)[:, :, step:] = num_all[:, :nc]
+    den_prev, den, num = den_all[:, :nc], den_all[:, nc], num_all[:, nc]
     denom = ei[:, :, :step].cumsum(dim=2) + den_prev.unsqueeze(2)
     # written (some logit > -inf so far) exactly where denom > 0: with one band per chunk a
     # written position's denominator is at least e^-width, an unwritten one's is 0
     cache.inv = torch.where(denom > 0, denom.reciprocal(), 0.0).view(n, step, k)
-    cache.carry = carry
+    cache.ends, cache.refs = ends, c
     cache.final = ScanState(m=ends[:, -1].view(b, h, k), den=den.view(b, h, k),
                             num=num.view(b, h, k, d))
     return cache
@@ -151,8 +178,8 @@ def _backward(cache: _ScanCache, terms: list[Term], dnum: torch.Tensor | None,
     ``terms`` ``(x, bc, pdot, xv, p)`` (chunked: ``x``, ``bc = coef inv``,
     ``pdot[t, s] = <x_t, slot_s(t)>``, ``xv = x vn^T`` and ``p = bc ei^T``, both masked) and
     the final state's gradients ``dnum, dden`` (or None)."""
-    e, carry, step = cache.e, cache.carry, cache.step
-    bh, nc, k = carry.shape
+    e, step = cache.e, cache.step
+    bh, nc, k = cache.refs.shape
     d = cache.vn.shape[-1]
     dvn = bp = None
     for x, bc, pdot, _, p in terms:
@@ -162,18 +189,15 @@ def _backward(cache: _ScanCache, terms: list[Term], dnum: torch.Tensor | None,
     if terms:
         local_dnum = dvn.view(bh, nc, step + k, d)[:, :, step:]
         local_dden = bp.sum(dim=1).view(bh, nc, k)  # minus the gradient of den_prev
-    dn = dnum.reshape(bh, k, d) if dnum is not None else e.new_zeros(bh, k, d)
-    dd = dden.reshape(bh, k) if dden is not None else e.new_zeros(bh, k)
-    dns, dds = [None] * nc, [None] * nc
-    for i in reversed(range(nc)):
-        dns[i], dds[i] = dn, dd  # the gradient of chunk i's end state
-        if terms:
-            dn = dn + local_dnum[:, i]
-            dd = dd - local_dden[:, i]
-        dn = dn * carry[:, i, :, None]
-        dd = dd * carry[:, i]
-    dn3 = torch.stack(dns, dim=1).view(-1, k, d)
-    dd3 = torch.stack(dds, dim=1).view(-1, 1, k)
+    dn = dnum.reshape(bh, 1, k, d) if dnum is not None else e.new_zeros(bh, 1, k, d)
+    dd = dden.reshape(bh, 1, k) if dden is not None else e.new_zeros(bh, 1, k)
+    if not terms:
+        local_dnum, local_dden = e.new_zeros(bh, nc, k, d), e.new_zeros(bh, nc, k)
+    # the gradient of chunk i's end state: the later chunks' local terms and the final
+    # state's gradient carried back, from chunk j (or the end) weighted exp(ends_i - c_j) <= 1
+    weights = _carried_back(cache.ends, torch.cat([cache.refs, cache.refs[:, -1:]], dim=1))
+    dn3 = _weighted_sum(weights, torch.cat([local_dnum, dn], dim=1)).reshape(-1, k, d)
+    dd3 = (weights * torch.cat([-local_dden, dd], dim=1).unsqueeze(1)).sum(dim=2).view(-1, 1, k)
     inner = torch.bmm(cache.v, dn3.transpose(1, 2)).add_(dd3)  # [N, C, K]
     if not terms:
         return inner.mul_(e), torch.bmm(e, dn3)
@@ -323,13 +347,11 @@ class _ChunkLinearAttention(torch.autograd.Function):
         bh, mm, mv = s0.shape
         kv = torch.bmm(k.transpose(1, 2), v).view(bh, nc, mm, mv)
         ks = k.sum(dim=1).view(bh, nc, mm)
-        sp = q.new_empty(bh, nc, mm, mv)  # the state at each chunk's start
-        zp = q.new_empty(bh, nc, mm)
-        s, z = s0, z0
-        for i in range(nc):
-            sp[:, i], zp[:, i] = s, z
-            s, z = s + kv[:, i], z + ks[:, i]
-        sp, zp = sp.view(-1, mm, mv), zp.view(-1, 1, mm)
+        # the state at each chunk's start, and the final one: running sums from (s0, z0)
+        s_all = torch.cat((s0.unsqueeze(1), kv), dim=1).cumsum(dim=1)  # [B H, NC + 1, M, Mv]
+        z_all = torch.cat((z0.unsqueeze(1), ks), dim=1).cumsum(dim=1)
+        s, z = s_all[:, -1], z_all[:, -1]
+        sp, zp = s_all[:, :-1].reshape(-1, mm, mv), z_all[:, :-1].reshape(-1, 1, mm)
         a = torch.bmm(q, k.transpose(1, 2)).tril_()  # [N, C, C]
         numer = torch.bmm(q, sp).baddbmm_(a, v)
         denom = (q * zp).sum(-1) + a.sum(-1)  # [N, C]
@@ -354,15 +376,15 @@ class _ChunkLinearAttention(torch.autograd.Function):
         dsp = torch.bmm(q.transpose(1, 2), gn).view(bh, nc, mm, mv)  # gradient of sp
         dzp = (q * gz.unsqueeze(-1)).sum(1).view(bh, nc, mm)
         # the gradient of each chunk's k^T v and sum k: the later chunks' sp, zp and (S, Z)
-        dkv = q.new_empty(bh, nc, mm, mv)
-        dks = q.new_empty(bh, nc, mm)
-        acc_s = ds if ds is not None else q.new_zeros(bh, mm, mv)
-        acc_z = dz if dz is not None else q.new_zeros(bh, mm)
-        acc_s, acc_z = acc_s.reshape(bh, mm, mv), acc_z.reshape(bh, mm)
-        for i in reversed(range(nc)):
-            dkv[:, i], dks[:, i] = acc_s, acc_z
-            acc_s, acc_z = acc_s + dsp[:, i], acc_z + dzp[:, i]
-        dkv, dks = dkv.view(-1, mm, mv), dks.view(-1, 1, mm)
+        # reversed running sums from the final state's gradient: chunk i's (k^T v, sum k)
+        # reaches the later chunks' starts and (S, Z); the first entry is (s0, z0)'s gradient
+        ds = ds.reshape(bh, 1, mm, mv) if ds is not None else q.new_zeros(bh, 1, mm, mv)
+        dz = dz.reshape(bh, 1, mm) if dz is not None else q.new_zeros(bh, 1, mm)
+        ds_all = torch.cat((dsp, ds), dim=1).flip(1).cumsum(dim=1).flip(1)
+        dz_all = torch.cat((dzp, dz), dim=1).flip(1).cumsum(dim=1).flip(1)
+        acc_s, acc_z = ds_all[:, 0], dz_all[:, 0]
+        dkv = ds_all[:, 1:].reshape(-1, mm, mv)
+        dks = dz_all[:, 1:].reshape(-1, 1, mm)
         dk = torch.bmm(da.transpose(1, 2), q).baddbmm_(v, dkv.transpose(1, 2)).add_(dks)
         dv = torch.bmm(a.transpose(1, 2), gn).baddbmm_(k, dkv)
         return dq, dk, dv, acc_s, acc_z, None
@@ -380,8 +402,8 @@ def causal_linear_attention_chunk(
     results) as one autograd Function over all chunks at once: per chunk ``C`` positions,
     ``out = (q S_prev + tril(q k^T) v) / (q . Z_prev + rowsum tril(q k^T))``, the chunks'
     starting states ``(S_prev, Z_prev)`` a running sum of the chunks' ``(k^T v, sum k)``
-    (a loop over chunks of ``[M, Mv]`` additions); the backward carries the states' gradients
-    back the same way."""
+    (a cumulative sum over chunks); the backward carries the states' gradients back the same
+    way."""
     b, h, t, mm = phi_q.shape
     mv = v.shape[-1]
     dt = torch.promote_types(phi_q.dtype, torch.float32)

@@ -11,8 +11,8 @@ import torch
 
 from .asm_common import Refine, safe_reciprocal
 
-__all__ = ["asa_attend_naive", "causal_linear_attention_naive", "slot_read_naive",
-           "slot_scores_naive", "slot_states_naive"]
+__all__ = ["asa_attend_naive", "causal_linear_attention_naive", "slot_addressing_naive",
+           "slot_read_naive", "slot_scores_naive", "slot_states_naive"]
 
 
 def slot_states_naive(logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -96,3 +96,33 @@ def slot_read_naive(a: torch.Tensor, logits: torch.Tensor, v: torch.Tensor) -> t
 def slot_scores_naive(x: torch.Tensor, logits: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Float64 reference of :func:`slot_scores_fused_recurrent`: ``[B, H, T, K]``."""
     return torch.einsum("bhtd,bhtkd->bhtk", x.double(), slot_states_naive(logits, v))
+
+
+def slot_addressing_naive(
+    key: torch.Tensor,
+    q: torch.Tensor,
+    slot_keys: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    recency: torch.Tensor | None,
+    write_scale: float,
+    read_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits, key_logits)`` ``[B, H, T, K]`` from the definitions, in plain PyTorch
+    (autograd's backward), in ``promote_types(key.dtype, float32)`` (float64 for a reference):
+    the write key rotated by the half-split tables ``(cos, sin)`` ``[B, 1, T, d]``,
+    ``logits = write_scale <rot(key), slot> + recency[h] position`` (``-inf`` at padding),
+    ``key_logits = read_scale <q, slot>``; ``key, q [B, H, T, d]``, ``slot_keys [H, K, d]``,
+    ``positions, valid [B, T]``, ``recency [H]`` or None. The operations of the unfused
+    ``ASAAttention.forward`` before issue 81."""
+    dt = torch.promote_types(key.dtype, torch.float32)
+    if rotary is not None:
+        cos, sin = (y.to(key.dtype) for y in rotary)
+        key = key * cos + key.roll(key.shape[-1] // 2, dims=-1) * sin
+    logits = torch.einsum("bhtd,hkd->bhtk", key, slot_keys).to(dt) * write_scale
+    if recency is not None:
+        logits = logits + recency.to(dt)[None, :, None, None] * positions.to(dt)[:, None, :, None]
+    logits = logits.masked_fill(~valid[:, None, :, None], float("-inf"))
+    key_logits = (torch.einsum("bhtd,hkd->bhtk", q, slot_keys) * read_scale).to(dt)
+    return logits, key_logits

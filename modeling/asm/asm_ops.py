@@ -6,7 +6,8 @@ hands the resolved form to every layer.
 ``backend`` (``config.scan_backend``): ``"torch"`` (the chunk form with hand-written backwards,
 :mod:`.asm_chunk`), ``"triton"`` (the fused recurrent Triton kernels,
 :mod:`.asm_fused_recurrent`), ``"triton_chunk"`` (the chunk-parallel Triton kernels,
-:mod:`.asm_triton_chunk`) — the Triton forms on CUDA, or on the CPU under
+:mod:`.asm_triton_chunk`; with either Triton form the slot addressing runs as one fused kernel,
+:mod:`.asm_triton_addressing`) — the Triton forms on CUDA, or on the CPU under
 ``TRITON_INTERPRET=1`` — or ``"auto"``: on CUDA with Triton installed, the chunk kernels for
 passes of at least :data:`CHUNK_FROM` positions (training, prefill) and the recurrent ones below
 (decoding); else PyTorch. (The interpreter is for testing kernels, so ``auto`` never picks it.
@@ -20,6 +21,7 @@ import os
 
 import torch
 
+from .asm_addressing import slot_addressing_torch
 from .asm_chunk import asa_attend_chunk, causal_linear_attention_chunk
 from .asm_common import Refine, ScanState
 from .asm_fused_recurrent import (
@@ -27,10 +29,12 @@ from .asm_fused_recurrent import (
     causal_linear_attention_fused_recurrent,
     triton,
 )
+from .asm_triton_addressing import slot_addressing_triton
 from .asm_triton_chunk import asa_attend_triton_chunk, causal_linear_attention_triton_chunk
 from .configuration_asm import SCAN_BACKENDS
 
-__all__ = ["CHUNK_FROM", "asa_attend", "causal_linear_attention", "resolve_backend"]
+__all__ = ["CHUNK_FROM", "asa_attend", "causal_linear_attention", "resolve_backend",
+           "slot_addressing"]
 
 CHUNK_FROM = 32  # positions per pass from which "auto" takes the chunk kernels on CUDA
 
@@ -94,3 +98,26 @@ def causal_linear_attention(
     if form == "triton_chunk":
         return causal_linear_attention_triton_chunk(phi_q, phi_k, v, state)
     return causal_linear_attention_chunk(phi_q, phi_k, v, chunk_size, state)
+
+
+def slot_addressing(
+    key: torch.Tensor,
+    q: torch.Tensor,
+    slot_keys: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    recency: torch.Tensor | None,
+    write_scale: float,
+    read_scale: float,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The write and read logits (arguments and results as in
+    :func:`~.asm_addressing.slot_addressing_torch`) by the form ``backend`` picks: the fused
+    Triton kernel (:mod:`.asm_triton_addressing`, one launch each way) wherever the scan runs
+    on Triton, else the PyTorch form."""
+    if resolve_backend(backend, key, key.shape[2]) != "torch":
+        return slot_addressing_triton(key, q, slot_keys, rotary, positions, valid, recency,
+                                      write_scale, read_scale)
+    return slot_addressing_torch(key, q, slot_keys, rotary, positions, valid, recency,
+                                 write_scale, read_scale)

@@ -7,13 +7,14 @@ From the heads' keys and queries ``key, q [B, H, T, d]`` and the slot keys ``[H,
 - ``key_logits[b, h, t, s] = read_scale <q[b, h, t], slot_keys[h, s]>``;
 
 ``rot(x) = x cos + roll(x, d // 2) sin`` with the tables of ``modeling_asm._rotary_tables``.
-:func:`slot_addressing_naive` is the PyTorch reference; :func:`slot_addressing_triton` runs one
-program per (block of ``BLOCK_T`` positions, batch * head) forward and backward: the rotation
-and the mask in-kernel, products in float32 (``tl.dot`` with ``input_precision="ieee"``), every
-output written once. The reductions over batch and time (``dslot_keys``, ``drecency``) go
-through per-program partial sums summed by PyTorch afterwards, not ``tl.atomic_add``: the
-result is deterministic run to run, at a scratch of ``K / BLOCK_T`` times ``dkey``'s size.
-Without the triton package the Triton form raises; the reference needs no Triton.
+:func:`~.asm_naive.slot_addressing_naive` is the reference; :func:`slot_addressing_triton` runs
+one program per (block of ``BLOCK_T`` positions, batch * head) forward and backward: the
+rotation and the mask in-kernel, products in float32 (``tl.dot`` with
+``input_precision="ieee"``), every output written once. The reductions over batch and time
+(``dslot_keys``, ``drecency``) go through per-program partial sums summed by PyTorch afterwards,
+not ``tl.atomic_add``: the result is deterministic run to run, at a scratch of ``K / BLOCK_T``
+times ``dkey``'s size. Without the triton package the Triton form raises; the reference needs no
+Triton.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from .asm_fused_recurrent import triton
 
-__all__ = ["slot_addressing_naive", "slot_addressing_triton"]
+__all__ = ["slot_addressing_triton"]
 
 BLOCK_T = 32  # positions per program
 MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16 on the GPU
@@ -143,31 +144,6 @@ if triton is not None:
             tl.store(drec_ptr + part, tl.sum(tl.sum(dl, axis=1) * pos, axis=0))
 
 
-def slot_addressing_naive(
-    key: torch.Tensor,
-    q: torch.Tensor,
-    slot_keys: torch.Tensor,
-    rotary: tuple[torch.Tensor, torch.Tensor] | None,
-    positions: torch.Tensor,
-    valid: torch.Tensor,
-    recency: torch.Tensor | None,
-    write_scale: float,
-    read_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logits, key_logits)`` ``[B, H, T, K]`` in plain PyTorch (autograd's backward), in
-    ``promote_types(key.dtype, float32)``; the same operations as ``ASAAttention.forward``."""
-    dt = torch.promote_types(key.dtype, torch.float32)
-    if rotary is not None:
-        cos, sin = (y.to(key.dtype) for y in rotary)
-        key = key * cos + key.roll(key.shape[-1] // 2, dims=-1) * sin
-    logits = torch.einsum("bhtd,hkd->bhtk", key, slot_keys).to(dt) * write_scale
-    if recency is not None:
-        logits = logits + recency.to(dt)[None, :, None, None] * positions.to(dt)[:, None, :, None]
-    logits = logits.masked_fill(~valid[:, None, :, None], float("-inf"))
-    key_logits = (torch.einsum("bhtd,hkd->bhtk", q, slot_keys) * read_scale).to(dt)
-    return logits, key_logits
-
-
 def _geometry(key: torch.Tensor, slot_keys: torch.Tensor) -> dict:
     _, _, t, d = key.shape
     k = slot_keys.shape[1]
@@ -236,10 +212,10 @@ def slot_addressing_triton(
     write_scale: float,
     read_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`slot_addressing_naive` on the Triton kernels: float32 results (products in
-    float32 whatever the input dtype), gradients to ``key, q, slot_keys, recency`` in their
-    dtypes. Inputs are read through their strides (no copies: ``key`` may be the heads'
-    transposed view); ``rotary`` tables broadcast over ``[B, 1, T, d]``."""
+    """:func:`~.asm_naive.slot_addressing_naive` on the Triton kernels: float32 results (products
+    in float32 whatever the input dtype), gradients to ``key, q, slot_keys, recency`` in
+    their dtypes. Inputs are read through their strides (no copies: ``key`` may be the
+    heads' transposed view); ``rotary`` tables broadcast over ``[B, 1, T, d]``."""
     if triton is None:
         raise RuntimeError("slot_addressing_triton needs the triton package")
     if not key.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":

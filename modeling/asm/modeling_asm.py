@@ -25,8 +25,9 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
+from .asm_addressing import rotate
 from .asm_common import ScanState
-from .asm_ops import asa_attend, causal_linear_attention, resolve_backend
+from .asm_ops import asa_attend, causal_linear_attention, resolve_backend, slot_addressing
 from .asm_recurrent import asa_attend_step, causal_linear_attention_step
 from .configuration_asm import ASMConfig
 
@@ -88,16 +89,9 @@ def _rotary_tables(positions: torch.Tensor, width: int,
     return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
-def _apply_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate ``x [B, H, T, d]`` by :func:`_rotary_tables` (half-split layout):
-    ``(x1 cos - x2 sin, x2 cos + x1 sin)`` as ``x C + [x2, x1] S``."""
-    cos, sin = (y.to(x.dtype) for y in tables)
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
-
-
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary map (half-split layout, a true rotation): ``x [B, H, T, d]``, ``positions [B, T]``."""
-    return _apply_rotary(x, _rotary_tables(positions, x.shape[-1], theta))
+    return rotate(x, _rotary_tables(positions, x.shape[-1], theta))
 
 
 @dataclass
@@ -420,11 +414,19 @@ class ASAAttention(nn.Module):
                 k_s = _rotate(k_s, positions, c.slot_space_rope_theta)
             return F.elu(q_s) + 1.0, (F.elu(k_s) + 1.0) * valid[:, None, :, None]
 
+        def joint_features(qk: torch.Tensor):
+            """:func:`features` of ``[q_s, k_s]`` side by side ``[B, H, T, 2M]``: without the
+            rotary map, ``elu + 1`` over both at once."""
+            if rope:
+                return features(*qk.chunk(2, dim=-1))
+            phi_q, phi_k = (F.elu(qk) + 1.0).chunk(2, dim=-1)
+            return phi_q, phi_k * valid[:, None, :, None]
+
         def refine_folded(r: torch.Tensor) -> torch.Tensor:
             w_in = self.slot_in.weight
             r = r.to(w_in.dtype)
             qk = torch.cat((self.slot_q.weight, self.slot_k.weight)) @ w_in
-            phi_q, phi_k = features(*F.linear(r, qk).chunk(2, dim=-1))  # [B, H, T, M]
+            phi_q, phi_k = joint_features(F.linear(r, qk))  # [B, H, T, M]
             u, _ = causal_linear_attention(phi_q, phi_k, r, c.chunk_size, None, backend)
             out = self.slot_out.weight @ self.slot_v.weight @ w_in  # [K, K]
             return torch.tanh(F.linear(u.to(w_in.dtype), out))
@@ -453,6 +455,18 @@ class ASAAttention(nn.Module):
         w_in = self.slot_in.weight
         qkv = torch.cat((self.slot_q.weight, self.slot_k.weight, self.slot_v.weight)) @ w_in
         return F.linear(r.to(w_in.dtype), qkv).chunk(3, dim=-1)
+
+    def _qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, key, v`` ``[B, H, T, d]`` from ``hidden [B, T, D]``: one product with ``[W_q;
+        W_k; W_v]`` when the three are plain bias-free ``nn.Linear``s, module by module
+        otherwise (adapters such as peft's LoRA wrap them)."""
+        b, t, _ = hidden.shape
+        h, d = self.num_heads, self.head_dim
+        maps = (self.q_proj, self.k_proj, self.v_proj)
+        if all(type(x) is nn.Linear and x.bias is None for x in maps):
+            qkv = F.linear(hidden, torch.cat([x.weight for x in maps]))
+            return qkv.view(b, t, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        return tuple(x(hidden).view(b, t, h, d).transpose(1, 2) for x in maps)
 
     def _alibi_slopes(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """:func:`alibi_slopes` ``[H]`` as a tensor, made once per device and dtype."""
@@ -540,7 +554,7 @@ class ASAAttention(nn.Module):
                 u = self.slot_in(r.to(self.slot_in.weight.dtype))
                 q_s, k_s, v_s = self.slot_q(u), self.slot_k(u), self.slot_v(u)
             if k.slot_rotary is not None:
-                q_s, k_s = _apply_rotary(q_s, k.slot_rotary), _apply_rotary(k_s, k.slot_rotary)
+                q_s, k_s = rotate(q_s, k.slot_rotary), rotate(k_s, k.slot_rotary)
             phi_k = F.elu(k_s) + 1.0
             if k.valid is not None:
                 phi_k = phi_k * k.valid
@@ -579,24 +593,17 @@ class ASAAttention(nn.Module):
                 and not output_stats and self._plain):
             return self._step(hidden, layer_cache, step), None
         h, d, k = self.num_heads, self.head_dim, self.num_slots
-        q = self.q_proj(hidden).view(b, t, h, d).transpose(1, 2)
-        key = self.k_proj(hidden).view(b, t, h, d).transpose(1, 2)
-        v = self.v_proj(hidden).view(b, t, h, d).transpose(1, 2)
-        if c.write_key_position == "rotary":
-            if rotary is None:
-                rotary = _rotary_tables(positions, d, c.rope_theta)
-            key = _apply_rotary(key, rotary)
+        q, key, v = self._qkv(hidden)
+        if c.write_key_position == "rotary" and rotary is None:
+            rotary = _rotary_tables(positions, d, c.rope_theta)
         scale = d ** -0.5
-        stat_dtype = torch.promote_types(hidden.dtype, torch.float32)
-        logits = torch.einsum("bhtd,hkd->bhtk", key, self.slot_keys).to(stat_dtype)
-        logits = logits * (scale / c.write_temperature)
+        recency = None
         if c.use_recency_bias:
-            slopes = self._alibi_slopes(hidden.device, stat_dtype)
-            strength = F.softplus(self.recency_strength_raw).to(stat_dtype)
-            logits = logits + (strength * slopes)[None, :, None, None] * positions.to(
-                stat_dtype)[:, None, :, None]
-        logits = logits.masked_fill(~valid[:, None, :, None], float("-inf"))
-        key_logits = torch.einsum("bhtd,hkd->bhtk", q, self.slot_keys) * scale
+            recency = F.softplus(self.recency_strength_raw) * self._alibi_slopes(
+                hidden.device, torch.promote_types(hidden.dtype, torch.float32))
+        logits, key_logits = slot_addressing(
+            key, q, self.slot_keys, rotary if c.write_key_position == "rotary" else None,
+            positions, valid, recency, scale / c.write_temperature, scale, backend)
         if self.training and c.slot_dropout > 0:
             drop = torch.rand(b, h, 1, k, device=hidden.device) < c.slot_dropout
             drop = drop & ~drop.all(dim=-1, keepdim=True)
