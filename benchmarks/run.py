@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, list[tuple[str, list[str] | None]]] = {
         ("decode", ["--contexts", "256", "1024", "--new-tokens", "8", "--repeats", "1",
                     "--layers", "4"]),
         ("training_step", ["--repeats", "3"]),
+        ("block_ops", ["--repeats", "3"]),
     ],
     "air": [
         ("maze_generator", ["--count", "5", "--sizes", "12,10,8"]),
