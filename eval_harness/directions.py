@@ -76,7 +76,8 @@ class TraitSteeringConfig:
     (:func:`~hf_memory.recipes.persona.calibrate_persona` over the target descriptor and the
     calibration pairs: these bank recipes, exemplars taken from the pairs, the recipe that
     holds best on its validation split kept; ``validation`` 0 leaves the call's own split);
-    None: the descriptor bank of the shipped selectors."""
+    None: the descriptor bank of the shipped selectors. ``judge_prompts``: judge plain, prompt,
+    CAA and memory's greedy replies to this many held-out questions per direction (0: none)."""
 
     directions: Sequence[str] = DIRECTIONS
     limit: int | None = None
@@ -103,6 +104,7 @@ class TraitSteeringConfig:
     seed: int = 0
     selectors_dir: str | None = None
     persona_recipes: Sequence[str] | None = None
+    judge_prompts: int = 8
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -121,6 +123,10 @@ class TraitSteeringConfig:
                              f"{self.cost_texts!r}")
         if self.persona_recipes is not None:
             self.persona_recipes = check_recipes(self.persona_recipes, "persona_recipes")
+        if isinstance(self.judge_prompts, bool) or not isinstance(self.judge_prompts, int) \
+                or self.judge_prompts < 0:
+            raise ValueError(f"judge_prompts must be a non-negative integer, got "
+                             f"{self.judge_prompts!r}")
             if self.cost_budget is None:
                 raise ValueError("persona_recipes calibrate within a cost budget: give "
                                  "cost_budget")

@@ -1,6 +1,8 @@
 """What ``hf-memory eval`` recorded as each task's config before the task registry
 (captured from the old hand-written builder at 8a2157e): a representative command line
-per task, with flags given and with the defaults, and the config each produced."""
+per task, with flags given and with the defaults, and the config each produced. ``ADDED``: the
+fields tasks gained after the capture, with the value each records (by task) when its flag is not
+given."""
 
 OUT = "/tmp/evreg-out"
 ARGV = {'trait-steering': ['--directions',
@@ -563,3 +565,7 @@ CONFIGS = {('air-maze', 'defaults'): {'model': '/m/x', 'puzzles': 200},
                                'top_layers': 4,
                                'uncertainty_weight': 1.0,
                                'validation': 0.25}}
+
+# fields added since the capture: task -> {field: value recorded without its flag}
+ADDED = {"trait-steering": {"judge_prompts": 8},  # issue 77: judged replies
+         "layer-ablation": {"judge_prompts": 0}}

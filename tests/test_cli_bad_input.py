@@ -81,6 +81,7 @@ BAD_INPUTS = [
     (["eval", "trait-steering", "--top-layers", "0", "--out", OUT], "must be >= 1"),
     (["eval", "trait-steering", "--cost-texts", "0", "--out", OUT], "must be >= 1"),
     (["eval", "trait-steering", "--validation", "1", "--out", OUT], "must be in [0, 1)"),
+    (["eval", "trait-steering", "--judge-prompts", "-1", "--out", OUT], "must be >= 0"),
     (["eval", "trait-steering", "--caa-scales", "1,0", "--out", OUT], "expected numbers > 0"),
     (["eval", "trait-steering", "--caa-scales", "1,x", "--out", OUT],
      "expected comma-separated"),

@@ -259,6 +259,20 @@ def test_trait_steering_smoke_run_end_to_end(tmp_path, capsys):
     assert loaded.layers == setup["memory"]["layers"]
     assert (tmp_path / "trait_steering_das.png").is_file()
     assert "| memory |" in capsys.readouterr().out
+    # judged replies beside the likelihood: a judge fitted on the 4 calibration pairs, its
+    # accuracy stated; where it is strong enough, every method's replies judged on the 1 question
+    judged = setup["judged"]
+    assert 0.0 <= judged["judge"]["held_out_accuracy"] <= 1.0 and judged["judge"]["pairs"] == 4
+    report = (tmp_path / "report.md").read_text()
+    assert "## Judged replies" in report
+    if "refused" in judged:
+        assert "held-out accuracy" in judged["refused"] and "(refused)" in report
+    else:
+        assert judged["questions"] == 1 and 0.0 <= judged["plain"]["judge_score"] <= 1.0
+        for method in ("prompt", "caa", "memory"):
+            run = next(r for r in results["runs"] if r["method"] == method)
+            assert len(run["judged"]["replies"]) == 1
+            assert 0.0 <= run["judged"]["judge_score"] <= 1.0
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import eval_harness.lm_eval_model.task as lm_eval_task
 import hf_memory_cli as cli
 from eval_harness.names import TASKS
 from eval_harness.registry import tasks
-from tests.eval_config_snapshot import ARGV, CONFIGS, DEFAULTS, OUT, SEEDS
+from tests.eval_config_snapshot import ADDED, ARGV, CONFIGS, DEFAULTS, OUT, SEEDS
 
 
 def _fields(value):
@@ -37,8 +37,9 @@ def test_every_task_builds_the_config_the_old_builder_built(key):
     with mock.patch.object(lm_eval_task, "check_tasks", lambda *a: None):
         config = declared.build_config(args, Path(OUT))
     recorded = declared.record(config, args)
-    assert sorted(recorded) == sorted(CONFIGS[key])
-    for field, expected in CONFIGS[key].items():
+    expected_config = {**CONFIGS[key], **ADDED.get(task, {})}
+    assert sorted(recorded) == sorted(expected_config)
+    for field, expected in expected_config.items():
         assert _fields(recorded[field]) == _fields(expected), field
     assert args.seed == SEEDS.get(key, 0)
 

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from ..arguments import add_shared, persona_recipes, positive_floats, positive_int, unit_interval
+from ..arguments import (
+    add_shared,
+    non_negative_int,
+    persona_recipes,
+    positive_floats,
+    positive_int,
+    unit_interval,
+)
 from ..registry import EvalTask, config_run, lazy
 
 __all__ = ["TASKS"]
@@ -31,11 +38,15 @@ def _add_trait_steering(parser) -> None:
                              "recipes (e.g. prompt_like,exemplars,contrast; exemplars come from "
                              "the calibration pairs) instead of the shipped selectors' "
                              "descriptor bank")
+    parser.add_argument("--judge-prompts", type=non_negative_int, default=8, metavar="N",
+                        help="judge plain, prompt, CAA and memory's greedy replies to N "
+                             "held-out questions per direction, by a reply judge fitted on the "
+                             "direction's calibration pairs (default: 8; 0: none)")
 
 
 def _add_layer_ablation(parser) -> None:
     _add_common(parser)
-    parser.set_defaults(caa_scales=None, persona_recipes=None)
+    parser.set_defaults(caa_scales=None, persona_recipes=None, judge_prompts=0)
 
 
 def _config(args, out):
@@ -51,6 +62,7 @@ def _config(args, out):
                                num_bootstrap=args.bootstrap, seed=args.seed,
                                cost_texts=args.cost_texts, validation=args.validation,
                                persona_recipes=args.persona_recipes,
+                               judge_prompts=args.judge_prompts,
                                selectors_dir=args.selectors or str(out / "selectors"))
 
 

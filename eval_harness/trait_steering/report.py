@@ -34,6 +34,33 @@ def _summary_table(summary: dict[str, Any], task: str) -> list[str]:
     return lines
 
 
+def _judged_table(setups: dict[str, Any], by: dict, directions: list[str]) -> list[str]:
+    """Judged replies per direction: each method's judge score (the share of its replies on the
+    direction's side) and perplexity; a refused judge says so."""
+    judged = [d for d in directions if "judged" in setups[d]]
+    if not judged:
+        return []
+    methods = ("plain", "prompt", "caa", "memory")
+    lines = ["", "## Judged replies (what users see)", "",
+             "Greedy replies to held-out questions of the direction's trait, scored by a reply "
+             "judge fitted on the direction's calibration pairs: judge score (share of replies on "
+             "the direction's side), perplexity under the plain model.", "",
+             "| direction | judge acc. | " + " | ".join(methods) + " |",
+             "|" + " --- |" * (len(methods) + 2)]
+    for d in judged:
+        entry = setups[d]["judged"]
+        accuracy = f"{entry['judge']['held_out_accuracy']:.2f}"
+        if "refused" in entry:
+            lines.append(f"| {d} | {accuracy} (refused) |" + " |" * len(methods))
+            continue
+        rows = {"plain": entry["plain"], **{m: by[(d, m)]["judged"] for m in methods[1:]
+                                             if "judged" in by.get((d, m), {})}}
+        cells = [f"{rows[m]['judge_score']:.2f} ({rows[m]['target_share']:.0%}); "
+                 f"ppl {rows[m]['perplexity']:.1f}" if m in rows else "" for m in methods]
+        lines.append(f"| {d} | {accuracy} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_trait_steering(record: dict[str, Any], out: Path) -> list[Path]:
     results = record["results"]
     runs, setups = results["runs"], results["setups"]
@@ -67,6 +94,7 @@ def render_trait_steering(record: dict[str, Any], out: Path) -> list[Path]:
                          f"{_ci(run['questionnaire'], 'target_shift')}; "
                          f"{run['questionnaire']['acquiescence']:+.2f}")
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    lines += _judged_table(setups, by, directions)
     if any((d, "memory-neutral") in by for d in directions):
         lines += ["", "## Controls (likelihood target shift)", "",
                   "Same sites and gains as the memory condition with a neutral bank and with the "

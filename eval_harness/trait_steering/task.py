@@ -11,9 +11,14 @@ the diagnostic selector, the CAA vector and its scale. Then each method is score
 - the **questionnaire**: IPIP-50 expected Likert answers, acquiescence-corrected per trait.
 
 Both go through the ``steering_shift`` metric (target shift, drift, DAS, bootstrap 95 %
-intervals). Beside each memory condition the same sites and gains carry a neutral bank and the
-reference bank (what any bank does; the target-minus-reference directional effect); beside the
-prompt, the neutral text and the reference descriptor as prompts.
+intervals). Beside the likelihood, what users see: **judged replies** (``judge_prompts`` > 0) —
+plain, prompt, CAA and memory answer the first held-out questions of the direction's trait
+greedily, each reply scored by a :class:`~hf_memory.metrics.reply_judge.ReplyJudge` fitted on
+the direction's calibration pairs (a judge under 0.8 held-out accuracy judges nothing; its
+refusal is recorded), fluency beside. Beside each memory condition the same sites and gains
+carry a neutral bank and the reference bank (what any bank does; the target-minus-reference
+directional effect); beside the prompt, the neutral text and the reference descriptor as
+prompts.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from hf_memory import (
 )
 from hf_memory.banks.neutral_control import neutral_text
 from hf_memory.metrics.likelihood import pair_margins
+from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge, judge_methods
 from hf_memory.recipes.calibration_data import (
     calibration_pairs,
     calibration_prompts,
@@ -58,7 +64,28 @@ from ..directions import (
 )
 from ..metrics import load_metric
 
-__all__ = ["run_layer_ablation", "run_trait_steering", "summarize"]
+__all__ = ["JUDGED_METHODS", "judged_replies", "run_layer_ablation", "run_trait_steering",
+           "summarize"]
+
+JUDGED_METHODS = ("plain", "prompt", "caa", "memory")
+
+
+def judged_replies(model, tokenizer, frozen, questions: Sequence[str],
+                   max_new_tokens: int = 40) -> dict[str, Any]:
+    """Plain, prompt, CAA and memory's greedy replies to ``questions``, judged by a reply judge
+    fitted on ``frozen``'s calibration pairs: ``{"judge": its record, "methods": {name: row}}``
+    (rows as :func:`~hf_memory.metrics.reply_judge.judge_methods`'), or ``{"judge",
+    "refused": why}`` for a judge under 0.8 held-out accuracy."""
+    pairs = [tuple(p) for p in frozen.setup["calibration_pairs"]]
+    try:
+        judge = ReplyJudge.fit(pairs)
+    except JudgeTooWeakError as error:
+        return {"judge": error.judge.as_dict(), "refused": str(error)}
+    methods = {"plain": PlainMethod(), **{name: frozen.methods[name]
+                                          for name in JUDGED_METHODS if name != "plain"}}
+    rows = judge_methods(model, tokenizer, judge, list(questions), methods,
+                         max_new_tokens=max_new_tokens)
+    return {"judge": judge.as_dict(), "questions": len(questions), "methods": rows}
 
 def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[str, Any]:
     """Calibrate and score every direction; return the task's results (see module docstring)."""
@@ -143,6 +170,15 @@ def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[st
             runs.append({"direction": direction, "method": "prompt-neutral",
                          "key": "prompt-neutral",
                          "likelihood": shift("prompt-neutral", direction, "likelihood")})
+        if config.judge_prompts:
+            asked = [i["question"] for i in items
+                     if i["trait"] == direction[0]][:config.judge_prompts]
+            judged = judged_replies(model, tokenizer, frozen, asked)
+            rows = judged.pop("methods", {})
+            setup["judged"] = {**judged, **({"plain": rows["plain"]} if rows else {})}
+            for run in runs:
+                if run["direction"] == direction and run["method"] in rows:
+                    run["judged"] = rows[run["method"]]
         footprint = kv_footprint(model, banks, tokenizer(target, return_tensors="pt",
                                                          add_special_tokens=False).input_ids,
                                  layers=selector.layers)
