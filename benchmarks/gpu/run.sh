@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one command (a lent GPU machine has no network and little time):
-#   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception), then
-#   gpu/lse_kernels.py, gpu/mi_profile.py, steering/serving_shapes.py, steering/compile.py, gpu/asm.py and
+#   the gpu-marked tests (Triton compiled for real, bf16 ASM and memory inception) and the ASM
+#   slot-addressing kernel's, then gpu/lse_kernels.py, gpu/mi_profile.py, steering/serving_shapes.py,
+#   steering/compile.py, gpu/asm.py, asm/block_ops.py (rows into gpu_asm.jsonl) and
 #   air/training_steps.py --device cuda. GPU_TESTS="lse or mixture" (a -k filter), ASM_SECTIONS=decode,
 #   MI_MODELS="llama-1b", MI_PATHS="torch auto", MI_SECONDS=150, MI_REPEATS=4, COMPILE_SECONDS=150,
 #   SKIP_TESTS=1, SKIP_LSE=1,
@@ -40,7 +41,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, its log appende
     { echo "## $name: exit $rc after $((SECONDS - start)) s"; cat "$log"; } >> "$OUT/steps.log"
     echo "## $name: exit $rc after $((SECONDS - start)) s"
 }
-[ "${SKIP_TESTS:-0}" = 1 ] || step 110 gpu_tests python3 -m pytest tests/test_gpu.py tests/test_fused_merge.py -q -p no:cacheprovider --timeout 100 \
+[ "${SKIP_TESTS:-0}" = 1 ] || step 110 gpu_tests python3 -m pytest tests/test_gpu.py tests/test_fused_merge.py tests/test_asm_triton_addressing.py -q -p no:cacheprovider --timeout 100 \
     ${GPU_TESTS:+-k "$GPU_TESTS"}
 [ "${SKIP_LSE:-0}" = 1 ] || step 40 gpu_lse python3 -m benchmarks.gpu.lse_kernels --jsonl "$OUT/gpu_lse.jsonl"
 [ "${SKIP_PROFILE:-0}" = 1 ] || step 60 gpu_mi_profile python3 -m benchmarks.gpu.mi_profile --jsonl "$OUT/gpu_mi_profile.jsonl"
@@ -53,6 +54,9 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, its log appende
     --dtype bfloat16 --mode reduce-overhead --batch 1 --prompt 64 --jsonl "$OUT/gpu_compile.jsonl"
 [ "${SKIP_ASM:-0}" = 1 ] || step 200 gpu_asm python3 -m benchmarks.gpu.asm \
     --sections "${ASM_SECTIONS:-layer,model,loss}" --jsonl "$OUT/gpu_asm.jsonl"
+# one ASA block's launches and time, fwd + bwd, on the Triton chunk path (rows join gpu_asm.jsonl)
+[ "${SKIP_ASM:-0}" = 1 ] || step 60 gpu_block_ops python3 -m benchmarks.asm.block_ops --backend triton_chunk \
+    --batch 16 --block 1024 --jsonl "$OUT/gpu_asm.jsonl"
 [ "${SKIP_TRAINING:-0}" = 1 ] || step 40 training python3 -m benchmarks.air.training_steps --device cuda \
     --jsonl "$OUT/gpu_training.jsonl"
 [ "${SKIP_FLA:-0}" = 1 ] || step 60 gpu_asm_fla python3 -m benchmarks.gpu.asm --sections fla --jsonl "$OUT/gpu_asm_fla.jsonl"
