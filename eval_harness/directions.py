@@ -123,13 +123,13 @@ class TraitSteeringConfig:
                              f"{self.cost_texts!r}")
         if self.persona_recipes is not None:
             self.persona_recipes = check_recipes(self.persona_recipes, "persona_recipes")
+            if self.cost_budget is None:
+                raise ValueError("persona_recipes calibrate within a cost budget: give "
+                                 "cost_budget")
         if isinstance(self.judge_prompts, bool) or not isinstance(self.judge_prompts, int) \
                 or self.judge_prompts < 0:
             raise ValueError(f"judge_prompts must be a non-negative integer, got "
                              f"{self.judge_prompts!r}")
-            if self.cost_budget is None:
-                raise ValueError("persona_recipes calibrate within a cost budget: give "
-                                 "cost_budget")
         if isinstance(self.layer_stride, bool) or not isinstance(self.layer_stride, int) or (
                 self.layer_stride < 1):
             raise ValueError(f"layer_stride must be a positive integer, got "

@@ -25,6 +25,14 @@ def test_persona_recipes_are_checked_by_name():
         TraitSteeringConfig(persona_recipes=["contrast"], cost_budget=None)
 
 
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "8"])
+def test_judge_prompts_must_be_a_non_negative_integer(bad):
+    assert TraitSteeringConfig().judge_prompts == 8 and TraitSteeringConfig(
+        judge_prompts=0).judge_prompts == 0
+    with pytest.raises(ValueError, match="judge_prompts must be a non-negative integer"):
+        TraitSteeringConfig(judge_prompts=bad)
+
+
 def test_the_flag_is_parsed_and_refused_where_it_means_nothing(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["eval", "trait-steering", "--persona-recipes", "contrast,telepathy"])
