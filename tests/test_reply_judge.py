@@ -289,3 +289,17 @@ def test_judge_methods_on_the_embedded_model(default_model, pirate_judge):
         assert row["perplexity"] == pytest.approx(
             reply_fluency(model, tokenizer, prompts, row["replies"])["perplexity"], rel=1e-4)
         print(name, row)
+
+
+def test_judge_or_refuse_refuses_too_few_pairs_before_any_generation():
+    """Fewer than MIN_PAIRS pairs: refused by name, no judge fitted and no reply generated (the
+    model is never touched), so a caller with a few calibration pairs gets a record, not a
+    crash."""
+    from hf_memory.metrics.reply_judge import MIN_PAIRS, judge_or_refuse
+
+    pairs = [("Hi?", "Arr, hello.", "Hello."), ("Bye?", "Arr, farewell.", "Goodbye."),
+             ("Why?", "Arr, because.", "Because.")]
+    assert len(pairs) < MIN_PAIRS
+    judged = judge_or_refuse(None, None, pairs, ["Hi?"], {})
+    assert judged == {"judge": None, "refused": f"a reply judge needs at least {MIN_PAIRS} "
+                                                f"pairs, got 3"}

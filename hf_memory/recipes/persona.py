@@ -70,7 +70,6 @@ __all__ = ["CAA_LAYERS", "CAA_SCALES", "CAPABILITY_SLACK", "DEFAULT_KV_CEILING",
 MAX_EXEMPLARS = 8
 MIN_KV_HEADS = 3  # the exemplar count leaves room for this many KV heads of the banks
 JUDGED_PROMPTS = 8  # of the pairs' prompts, answered by each method for the reply judge
-MIN_JUDGED_PAIRS = 4  # a reply judge's own minimum (ReplyJudge.fit)
 SCREEN_STRIDE = 6  # the recipe screen scores every 6th layer alone
 REPORT_NAME = "persona.json"
 CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14, 18 of 30
@@ -409,24 +408,19 @@ def judge_replies(model, tokenizer, text: str, pairs: Sequence[tuple[str, str, s
     """``method``'s greedy replies to ``prompts`` of the pairs' prompts (spread over the list)
     beside the plain model's and the visible prompt's (``text`` as the system message), scored
     by a :class:`~hf_memory.metrics.reply_judge.ReplyJudge` fitted on ``pairs`` with fluency
-    beside (:func:`~hf_memory.metrics.reply_judge.judge_methods`). A judge under 0.8 held-out
-    accuracy, or fewer than 4 pairs, judges nothing: ``{"judge": ..., "refused": why}``."""
+    beside (:func:`~hf_memory.metrics.reply_judge.judge_or_refuse`). A judge under 0.8
+    held-out accuracy, or fewer than 4 pairs, judges nothing: ``{"judge": ..., "refused":
+    why}``."""
     from hf_memory.baselines.methods import PlainMethod, PromptMethod
-    from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge, judge_methods
+    from hf_memory.metrics.reply_judge import MIN_PAIRS, judge_or_refuse
 
-    if len(pairs) < MIN_JUDGED_PAIRS:
-        return {"judge": None, "refused": f"a reply judge needs at least {MIN_JUDGED_PAIRS} "
-                                          f"pairs, got {len(pairs)}"}
-    try:
-        judge = ReplyJudge.fit(pairs)
-    except JudgeTooWeakError as error:
-        return {"judge": error.judge.as_dict(), "refused": str(error)}
-    _, asked = split_pairs(pairs, min(prompts, len(pairs) - 1))
-    rows = judge_methods(model, tokenizer, judge, [p for p, _, _ in asked],
-                         {"plain": PlainMethod(), "prompt": PromptMethod(text,
-                                                                         tokenizer=tokenizer),
-                          "memory": method}, max_new_tokens=max_new_tokens)
-    return {"judge": judge.as_dict(), "prompts": len(asked), "methods": rows}
+    asked = split_pairs(pairs, min(prompts, len(pairs) - 1))[1] if len(pairs) >= MIN_PAIRS \
+        else []
+    judged = judge_or_refuse(
+        model, tokenizer, pairs, [p for p, _, _ in asked],
+        {"plain": PlainMethod(), "prompt": PromptMethod(text, tokenizer=tokenizer),
+         "memory": method}, max_new_tokens=max_new_tokens)
+    return judged if "refused" in judged else {**judged, "prompts": len(asked)}
 
 
 def calibrate_caa(model, tokenizer, pairs: Sequence[tuple[str, str, str]], *,
