@@ -197,6 +197,60 @@ def test_the_bank_swaps_exactly_at_the_shift_turn(tiny, tokenizer):
     assert tiny.config._attn_implementation == "sdpa"
 
 
+def _two_segment_logprob(model, tokenizer, before, messages, reply, frozen):
+    """log p(reply | messages) from a fresh cache: the transcript ``before`` the shift in one
+    pass under the old banks, then everything after it and the reply in one pass under the
+    new banks (the reference for the swap on a kept cache)."""
+    from transformers import DynamicCache
+
+    from hf_memory.models.transformers_compat import cache_kwargs
+
+    def ids_of(msgs, generation_prompt):
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=generation_prompt,
+                                             tokenize=False)
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    prefix, head = ids_of(before, False), ids_of(messages, True)
+    assert head[:len(prefix)] == prefix  # the later transcript extends the earlier one
+    reply_ids = tokenizer(reply, add_special_tokens=False).input_ids
+    rest = torch.tensor([head[len(prefix):] + reply_ids])
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        with steer(model, frozen.banks["old"], selector=frozen.selector):
+            model(input_ids=torch.tensor([prefix]), **cache_kwargs(cache), use_cache=True)
+        with steer(model, frozen.banks["new"], selector=frozen.selector):
+            logits = model(input_ids=rest, **cache_kwargs(cache), use_cache=True,
+                           attention_mask=torch.ones(1, len(prefix) + rest.shape[1],
+                                                     dtype=torch.long)).logits[0]
+    logprobs = logits.log_softmax(-1)
+    start = len(head) - len(prefix) - 1
+    return sum(float(logprobs[start + i, t]) for i, t in enumerate(reply_ids))
+
+
+def test_the_bank_swap_keeps_the_cache_and_equals_a_fresh_two_segment_pass(tiny, tokenizer):
+    """After the swap, every turn's margin is what a fresh cache gives with the transcript
+    before the shift run under the old banks and the rest under the new ones (float64; the
+    passes are split differently, so equal to rounding, not bit for bit), and the swap
+    recomputes nothing: memory runs exactly as many tokens as the plain walk."""
+    case, frozen = _tiny_case(), _tiny_frozen(tiny, tokenizer)
+    walked = walk_case(tiny, tokenizer, case, "memory", frozen)
+    plain = walk_case(tiny, tokenizer, case, "plain", frozen)
+    assert walked["computed_tokens"] == plain["computed_tokens"]
+    shift, messages, before = case["shift_turn"], [], None
+    for turn in range(case["turns"]):
+        if turn + 1 == shift:
+            before = list(messages)
+        messages.append({"role": "user", "content": case["user"][turn]})
+        if before is not None:
+            want = (_two_segment_logprob(tiny, tokenizer, before, messages,
+                                         case["new_replies"][turn], frozen)
+                    - _two_segment_logprob(tiny, tokenizer, before, messages,
+                                           case["old_replies"][turn], frozen))
+            assert walked["align"][turn] == pytest.approx(want, abs=1e-9)
+        messages.append({"role": "assistant", "content": case["old_replies"][turn]})
+    assert before is not None
+
+
 def test_plain_and_caa_equal_full_passes_with_the_vector_flipped_at_the_shift(tiny, tokenizer):
     from hf_memory import apply_caa
 
