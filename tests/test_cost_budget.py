@@ -5,6 +5,8 @@ with the embedded model's tokenizer, bad input)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from hf_memory import BankSet, MemoryMethod, PromptMethod, Selector, steer
@@ -179,8 +181,10 @@ def test_budgeted_search_by_hand():
     # no configuration of the history is over budget
     assert all(h.cost <= 0.1 for h in search.history)
     assert [h.layers for h in search.history] == [(0,), (1,), (2,), (0, 1), (1,), (1,)]
-    # bisection over three grid points: two cost probes per configuration
-    assert search.cost_probes == 12
+    # bisection over three grid points: two cost probes per single layer; none for (0, 1),
+    # which contains layer 0 (nothing fits there); one for each unit removed from layer 1,
+    # whose whole-layer setting (1.0) is checked and, the top of the dial, kept
+    assert search.cost_probes == 2 + 2 + 2 + 0 + 1 + 1
 
 
 def test_a_layer_stride_screens_every_kth_layer():
@@ -391,3 +395,73 @@ def test_a_capability_ceiling_narrows_the_dial_as_the_budget_does():
     with pytest.raises(ValueError, match="capability_ceiling must be a finite number"):
         BudgetSearch(objective, banks(), 0.1, "kv_group", 2, capability=capability,
                      capability_ceiling=float("nan"))
+
+
+def brute_strongest(search, units):
+    """The largest dial index whose neutral cost and capability cost are both within the
+    ceilings, every setting measured (the reference for the bounded, lazy bisection)."""
+    fits = [i for i in range(len(search.settings))
+            if search.objective.cost.measure(search._method(search.banks, units, i))
+            <= search.cost_budget
+            and (search.capability is None or search.capability.measure(
+                search._method(search.banks, units, i)) <= search.capability_ceiling)]
+    return max(fits, default=-1)
+
+
+configurations = st.lists(st.dictionaries(st.integers(0, 2), st.sampled_from(
+    [(0,), (1,), (0, 1)]), min_size=1, max_size=3), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs=st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
+       capabilities=st.lists(st.floats(0.0, 2.0), min_size=3, max_size=3),
+       ceiling=st.one_of(st.none(), st.floats(0.0, 1.0)), configs=configurations)
+def test_the_bounded_lazy_bisection_finds_what_every_setting_measured_finds(
+        costs, capabilities, ceiling, configs):
+    """Costs that grow with the dial and with the sites (the search's assumption): whatever
+    was searched before, each configuration's strongest setting is the reference's, and every
+    setting it returns was measured within both ceilings."""
+    cost = TableCost(dict(enumerate(costs)))
+    capability = TableCost(dict(enumerate(capabilities))) if ceiling is not None else None
+    objective = TableObjective({}, {}, cost)
+    search = BudgetSearch(objective, banks(), 0.1, "kv_group", 2,
+                          strengths=[0.25, 0.5, 0.75, 1.0], capability=capability,
+                          capability_ceiling=ceiling)
+    reference = BudgetSearch(objective, banks(), 0.1, "kv_group", 2,
+                             strengths=[0.25, 0.5, 0.75, 1.0], capability=capability,
+                             capability_ceiling=ceiling)
+    for units in configs:
+        found = search.strongest(units)
+        assert found == brute_strongest(reference, units)
+        if found >= 0:
+            key = (tuple(sorted(units.items())), found)
+            assert search._costs[key] <= 0.1
+            assert capability is None or search._capability[key] <= ceiling
+
+
+def test_the_capability_ceiling_is_asked_once_where_it_does_not_bind():
+    cost = TableCost({0: 0.16})  # strength² · 0.16 nats
+    capability = TableCost({0: 0.01})
+    search = BudgetSearch(TableObjective({}, {}, cost), banks(), 0.1, "kv_group", 2,
+                          strengths=[0.25, 0.5, 0.75, 1.0], capability=capability,
+                          capability_ceiling=0.3)
+    assert search.settings[search.strongest({0: (0, 1)})] == (0.75, 1.0)
+    assert capability.calls == 1 and cost.calls == 3  # 0.5 and 0.75 fit, 1.0 does not
+
+
+def test_a_bound_that_does_not_hold_is_not_trusted():
+    """Where steering more sites costs less (against the search's assumption), the setting
+    a larger configuration allowed is checked before it is used, and the search goes below it;
+    what it returns is measured within budget."""
+
+    class Shrinking(TableCost):
+        def measure(self, method):
+            self.calls += 1
+            units = method.steering["units"]
+            return method.steering["strength"] * (0.05 if len(units.get(0, ())) == 2 else 0.2)
+
+    search = BudgetSearch(TableObjective({}, {}, Shrinking({})), banks(), 0.1, "kv_group", 2,
+                          strengths=[0.25, 0.5, 1.0])
+    assert search.settings[search.strongest({0: (0, 1)})] == (1.0, 1.0)
+    assert search.settings[search.strongest({0: (0,)})] == (0.5, 1.0)
+    assert search._costs[(((0, (0,)),), 1)] == pytest.approx(0.1)

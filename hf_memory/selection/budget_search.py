@@ -16,7 +16,12 @@ gain ρ₀ (1 by default), then, where ``gains`` are given, full strength at eac
 multiplies every bank gain: a bias ρλ on the bank's slot logits, eq. 9), so a bank that costs
 little at full strength can be pushed past it. s* is found by bisection on the grid, which
 assumes the cost grows along it (it does on every curve measured; see BENCHMARKS.md); every
-chosen setting is measured within budget.
+chosen setting is measured within budget. The bisection asks the neutral-text budget first and
+the capability ceiling (below) only at the answer, going lower only where it binds; and it
+starts from what configurations already searched say, assuming the cost also grows with the
+sites steered: a configuration's setting is at most that of any searched configuration it
+contains, and at least that of any it is contained in (a bound checked by one probe before it
+is trusted).
 Subtracting the neutral bank's movement at the same sites and strength scores content, not
 presence. Taking the strongest setting within budget is the budget rule: the most target
 movement the budget buys (movement grows with the strength on every measured curve; a user who
@@ -128,6 +133,7 @@ class BudgetSearch:
                              f"got {self.capability_ceiling!r}")
         self._costs: dict[tuple, float] = {}
         self._capability: dict[tuple, float] = {}
+        self._strongest: dict[tuple, int] = {}  # frozen units -> strongest setting found
         # query heads per KV head, where the units are query heads
         self._group = max(1, self.num_units // next(iter(self.banks)).num_kv_heads)
         # bytes of one KV head's slots at one layer, over every bank
@@ -176,6 +182,7 @@ class BudgetSearch:
         depend on the pairs), with a history of its own."""
         judge = replace(self, objective=objective, history=[], cost_probes=0)
         judge._costs, judge._capability = self._costs, self._capability
+        judge._strongest = self._strongest
         return judge
 
     def capability_cost(self, units: Units, index: int) -> float | None:
@@ -197,11 +204,38 @@ class BudgetSearch:
                                            <= self.capability_ceiling)
 
     def strongest(self, units: Units) -> int:
-        """Index of the strongest dial setting within budget at ``units`` (-1: none)."""
+        """Index of the strongest dial setting within budget at ``units`` (-1: none): the
+        module docstring's bisection, bounded by the configurations already searched."""
+        frozen = tuple(sorted(units.items()))
+        if frozen not in self._strongest:
+            low, high = self._known_bounds(units)
+            if low >= 0 and not self.within(units, low):  # the bound failed: search below it
+                low, high = -1, low - 1
+            found = self._bisect(lambda i: self._cost(units, i) <= self.cost_budget, low, high)
+            if found >= 0 and self.capability is not None and not self.within(units, found):
+                found = self._bisect(lambda i: self.within(units, i), low, found - 1)
+            self._strongest[frozen] = found
+        return self._strongest[frozen]
+
+    def _known_bounds(self, units: Units) -> tuple[int, int]:
+        """(lowest, highest) index the answer at ``units`` can have, from the configurations
+        searched before (-1 and the top of the dial when none bounds it)."""
         low, high = -1, len(self.settings) - 1
+        for other, found in self._strongest.items():
+            other = dict(other)
+            if _contains(units, other):
+                high = min(high, found)
+            elif _contains(other, units):
+                low = max(low, found)
+        return min(low, high), high
+
+    @staticmethod
+    def _bisect(holds, low: int, high: int) -> int:
+        """The largest index in ``(low, high]`` where ``holds`` (monotone: true up to some
+        index), or ``low`` (known to hold, or -1) where it holds nowhere there."""
         while low < high:
             middle = (low + high + 1) // 2
-            if self.within(units, middle):
+            if holds(middle):
                 low = middle
             else:
                 high = middle - 1
@@ -307,3 +341,9 @@ class BudgetSearch:
         if not outer:
             bar.close()
         return best
+
+
+def _contains(outer: Units, inner: Units) -> bool:
+    """Whether every unit ``inner`` steers is steered by ``outer`` too."""
+    return all(layer in outer and set(units) <= set(outer[layer])
+               for layer, units in inner.items())
