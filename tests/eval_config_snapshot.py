@@ -568,4 +568,6 @@ CONFIGS = {('air-maze', 'defaults'): {'model': '/m/x', 'puzzles': 200},
 
 # fields added since the capture: task -> {field: value recorded without its flag}
 ADDED = {"trait-steering": {"judge_prompts": 8},  # issue 77: judged replies
-         "layer-ablation": {"judge_prompts": 0}}
+         "layer-ablation": {"judge_prompts": 0},
+         # issue 78: memory by the persona call in the dialogue shift
+         "dialogue-shift": {"persona_recipes": None, "cost_budget": 0.1}}

@@ -22,6 +22,7 @@ from eval_harness.dialogue_shift.cases import (
 from eval_harness.dialogue_shift.task import (
     DialogueShiftConfig,
     FrozenTransition,
+    _guidance_kv,
     run_dialogue_shift,
     walk_case,
 )
@@ -199,8 +200,9 @@ def test_the_bank_swaps_exactly_at_the_shift_turn(tiny, tokenizer):
 
 def _two_segment_logprob(model, tokenizer, before, messages, reply, frozen):
     """log p(reply | messages) from a fresh cache: the transcript ``before`` the shift in one
-    pass under the old banks, then everything after it and the reply in one pass under the
-    new banks (the reference for the swap on a kept cache)."""
+    pass under the old banks (at the old style's own sites where it has them), then
+    everything after it and the reply in one pass under the new banks (the reference for the
+    swap on a kept cache)."""
     from transformers import DynamicCache
 
     from hf_memory.models.transformers_compat import cache_kwargs
@@ -216,7 +218,7 @@ def _two_segment_logprob(model, tokenizer, before, messages, reply, frozen):
     rest = torch.tensor([head[len(prefix):] + reply_ids])
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        with steer(model, frozen.banks["old"], selector=frozen.selector):
+        with steer(model, frozen.banks["old"], selector=frozen.old_selector or frozen.selector):
             model(input_ids=torch.tensor([prefix]), **cache_kwargs(cache), use_cache=True)
         with steer(model, frozen.banks["new"], selector=frozen.selector):
             logits = model(input_ids=rest, **cache_kwargs(cache), use_cache=True,
@@ -227,12 +229,17 @@ def _two_segment_logprob(model, tokenizer, before, messages, reply, frozen):
     return sum(float(logprobs[start + i, t]) for i, t in enumerate(reply_ids))
 
 
-def test_the_bank_swap_keeps_the_cache_and_equals_a_fresh_two_segment_pass(tiny, tokenizer):
+@pytest.mark.parametrize("own_sites", [False, True])
+def test_the_bank_swap_keeps_the_cache_and_equals_a_fresh_two_segment_pass(tiny, tokenizer,
+                                                                           own_sites):
     """After the swap, every turn's margin is what a fresh cache gives with the transcript
     before the shift run under the old banks and the rest under the new ones (float64; the
     passes are split differently, so equal to rounding, not bit for bit), and the swap
-    recomputes nothing: memory runs exactly as many tokens as the plain walk."""
+    recomputes nothing: memory runs exactly as many tokens as the plain walk. With each
+    style's own sites (the persona call's), banks and sites change together."""
     case, frozen = _tiny_case(), _tiny_frozen(tiny, tokenizer)
+    if own_sites:
+        frozen.old_selector = _selector([0], gain=1.0)
     walked = walk_case(tiny, tokenizer, case, "memory", frozen)
     plain = walk_case(tiny, tokenizer, case, "plain", frozen)
     assert walked["computed_tokens"] == plain["computed_tokens"]
@@ -337,6 +344,42 @@ def test_bad_cases_and_transitions_get_one_clear_line(tiny, tokenizer):
     with pytest.raises(ValueError, match="not among the configured transitions"):
         run_dialogue_shift(tiny, tokenizer, DialogueShiftConfig(
             transitions=["warm_to_assertive"]), cases=[case])
+
+
+@pytest.mark.slow
+def test_persona_recipes_give_each_style_its_own_banks_and_sites(tiny, tokenizer, tmp_path):
+    """With ``persona_recipes`` each style is the one-line persona call on its descriptor and
+    the pair's items (oriented its way), made once for both transitions of the pair and saved;
+    memory's KV is what the call's search counted; the walk swaps banks and sites together."""
+    from eval_harness.dialogue_shift.task import calibrate_transition
+
+    config = DialogueShiftConfig(transitions=["dismissive_to_anxious", "anxious_to_dismissive"],
+                                 persona_recipes=["prompt_like"], calibration_pairs=6,
+                                 drift_pairs=1, top_layers=1, caa_layer=1, caa_scales=[1.0],
+                                 selectors_dir=str(tmp_path))
+    personas = {}
+    there = calibrate_transition(tiny, tokenizer, "dismissive_to_anxious", config, personas)
+    back = calibrate_transition(tiny, tokenizer, "anxious_to_dismissive", config, personas)
+    assert sorted(personas) == ["anxious", "dismissive"]
+    assert there.banks["new"] is back.banks["old"] and there.selector is back.old_selector
+    assert there.setup["memory"]["new"]["recipe"] == "prompt_like"
+    from eval_harness.dialogue_shift.report import _memory_setup
+
+    assert _memory_setup(there.setup["memory"]).startswith("old prompt_like at layers ")
+    assert there.setup["caa"]["scale"] in (0.0, 1.0)  # within the cost budget, or none
+    for style in ("anxious", "dismissive"):
+        assert (tmp_path / f"{style}-persona" / "persona.json").is_file()
+    kv = _guidance_kv(tiny, tokenizer, there)
+    assert kv["memory"]["latent"] == there.selector.config["kv_bytes"]
+    case = {**_tiny_case(), "old": "dismissive", "new": "anxious"}
+    walked = walk_case(tiny, tokenizer, case, "memory", there)
+    assert len(walked["align"]) == case["turns"]
+    with pytest.raises(ValueError, match="at least 3 calibration pairs"):
+        DialogueShiftConfig(persona_recipes=["contrast"], calibration_pairs=2)
+    with pytest.raises(ValueError, match="recipes must be among"):
+        DialogueShiftConfig(persona_recipes=["voice"])
+    with pytest.raises(ValueError, match="cost_budget must be a number"):
+        DialogueShiftConfig(persona_recipes=["contrast"], cost_budget=-1.0)
 
 
 @pytest.mark.slow

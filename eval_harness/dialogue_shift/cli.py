@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..arguments import add_shared, csv_choices, csv_ints
+from ..arguments import add_shared, csv_choices, csv_ints, non_negative, persona_recipes
 from ..registry import EvalTask, lazy
 from .cases import SHIFT_TURN, TRANSITIONS
 
@@ -26,6 +26,14 @@ def _add_arguments(parser) -> None:
                         help="your own cases (a JSON list of rows with id, root, family, "
                              "branch, turns, old, new, shift_turn, user, old_replies, "
                              "new_replies) instead of the shipped bank")
+    parser.add_argument("--persona-recipes", type=persona_recipes, metavar="LIST",
+                        help="memory by the one-line persona call over these bank recipes "
+                             "(e.g. contrast), each style's banks and sites its own, within "
+                             "--cost-budget; CAA's scale within the same budget (default: the "
+                             "descriptor bank with an unbudgeted behavioural selector)")
+    parser.add_argument("--cost-budget", type=non_negative, default=0.1, metavar="NATS",
+                        help="with --persona-recipes: nats per token of neutral text the "
+                             "memory and CAA calibrations may cost (default: 0.1)")
     add_shared(parser, "--calibration-pairs", "--top-layers", "--candidate-layers",
                "--caa-layer", "--bootstrap", "--selectors", calibration_pairs=12)
 
@@ -44,7 +52,8 @@ def _config(args, out):
         post_shift_history=args.post_shift_history, generate=args.generate,
         calibration_pairs=args.calibration_pairs, top_layers=args.top_layers,
         candidate_layers=args.candidate_layers, caa_layer=args.caa_layer,
-        num_bootstrap=args.bootstrap, seed=args.seed,
+        num_bootstrap=args.bootstrap, seed=args.seed, persona_recipes=args.persona_recipes,
+        cost_budget=args.cost_budget,
         selectors_dir=args.selectors or str(out / "selectors")), cases
 
 

@@ -65,7 +65,7 @@ def render_dialogue_shift(record: dict[str, Any], out: Path) -> list[Path]:
             kv_rows.append(f"| {transition} | {method} | {entry[method]['visible']:,} | "
                            f"{entry[method]['latent']:,} |")
     claims = results["claims"]
-    setups = "; ".join(f"{t}: memory layers {s['memory']['layers']}, CAA scale "
+    setups = "; ".join(f"{t}: memory {_memory_setup(s['memory'])}, CAA scale "
                        f"{s['caa']['scale']:g}" for t, s in results["setups"].items())
     report = out / "report.md"
     report.write_text(
@@ -92,6 +92,15 @@ def render_dialogue_shift(record: dict[str, Any], out: Path) -> list[Path]:
         "--- |\n" + "\n".join(kv_rows) + f"\n\n![per-turn Align]({plot.name})\n"
         + _generation_section(results))
     return [report, plot]
+
+
+def _memory_setup(memory: dict[str, Any]) -> str:
+    """The memory's sites: one selector's layers, or each style's persona call (recipe,
+    layers, strength)."""
+    if "layers" in memory:
+        return f"layers {memory['layers']}"
+    return ", ".join(f"{key} {m['recipe']} at layers {m['layers']} (strength "
+                     f"{m['strength']:g})" for key, m in memory.items())
 
 
 def _repetition(row: dict[str, Any]) -> str:

@@ -13,7 +13,11 @@ transcript at the shift turn, as in the paper, so every method sees it. The meth
 - ``caa``: the CAA vector towards the old style (−v) until the shift, towards the new (+v)
   from the shift turn on, at the scale calibrated for the transition;
 - ``memory``: the old style's bank until the shift, then ``set_banks`` to the new style's bank,
-  at the sites and gains of the transition's frozen behavioural selector (automatic path);
+  at the sites and gains of the transition's frozen behavioural selector (automatic path). With
+  ``persona_recipes`` (today's method), each style's banks and selector come from the one-line
+  persona call (:func:`~hf_memory.recipes.persona.calibrate_persona`: the style's descriptor and
+  the pair's calibration items as its pairs, within ``cost_budget``, under the KV and capability
+  ceilings), and the swap changes banks and sites together;
 - ``prompt-repl`` (audit): the system prompt replaced by the new style's at the shift, which
   changes the first tokens of the transcript, so the whole cache is recomputed.
 
@@ -35,13 +39,18 @@ per reply).
 Calibration (disjoint from every dialogue): per transition, the behavioural selector for the new
 style's bank and the CAA scale are chosen on the pair's calibration items
 (:func:`~eval_harness.dialogue_shift.cases.transition_calibration`) exactly as trait steering
-chooses them for a Big Five direction.
+chooses them for a Big Five direction (unbudgeted; with ``persona_recipes`` both within
+``cost_budget`` on the shipped neutral text).
+
+The user's shift request, a new user message at the shift turn, is in every method's transcript:
+``plain`` is what a user does first (a visible instruction appended, nothing recomputed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,7 +62,10 @@ from hf_memory.baselines.methods import PromptMethod
 from hf_memory.chat.generation import default_system_prompt
 from hf_memory.metrics.kv_accounting import kv_footprint
 from hf_memory.metrics.text_quality import repetition
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.recipes.persona_recipes import RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
+from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
 
 from ..bigfive.task import CAA_FRAMES
@@ -99,8 +111,21 @@ class DialogueShiftConfig:
     num_bootstrap: int = 1000
     seed: int = 0
     selectors_dir: str | None = None
+    persona_recipes: Sequence[str] | None = None
+    cost_budget: float = DEFAULT_COST_BUDGET
 
     def __post_init__(self) -> None:
+        if self.persona_recipes is not None:
+            self.persona_recipes = check_recipes(self.persona_recipes, "persona_recipes")
+            if any(RECIPES[r]["exemplars"] for r in self.persona_recipes) and not (
+                    isinstance(self.calibration_pairs, int) and self.calibration_pairs >= 3):
+                raise ValueError("the exemplars and contrast recipes take example replies from "
+                                 "the calibration pairs: give at least 3 calibration pairs, "
+                                 f"got {self.calibration_pairs!r}")
+        if isinstance(self.cost_budget, bool) or not isinstance(self.cost_budget, int | float) \
+                or not self.cost_budget >= 0:
+            raise ValueError(f"cost_budget must be a number of nats per token >= 0, got "
+                             f"{self.cost_budget!r}")
         if not self.transitions:
             raise ValueError("give at least one transition")
         for name in self.transitions:
@@ -124,7 +149,8 @@ class DialogueShiftConfig:
 class FrozenTransition:
     """One transition's guidance, frozen on calibration data: the two styles' banks and system
     prompts, the selector (sites and gains of the new style's bank), the CAA vectors (new minus
-    old) and their scale; ``setup`` records how they were chosen."""
+    old) and their scale; ``setup`` records how they were chosen. ``old_selector``: the old
+    style's own sites (None: the old bank steers at the new one's)."""
 
     old: str
     new: str
@@ -134,6 +160,7 @@ class FrozenTransition:
     caa: CAAVectors
     caa_scale: float
     setup: dict[str, Any]
+    old_selector: Selector | None = None
 
 
 def _system(tokenizer, descriptor: str) -> str:
@@ -141,33 +168,72 @@ def _system(tokenizer, descriptor: str) -> str:
     return f"{default}\n{descriptor}" if default else descriptor
 
 
-def calibrate_transition(model, tokenizer, transition: str,
-                         config: DialogueShiftConfig) -> FrozenTransition:
-    """Freeze memory (behavioural selector), CAA (scale) and the prompts for ``transition``."""
+def calibrate_transition(model, tokenizer, transition: str, config: DialogueShiftConfig,
+                         personas: dict[str, Any] | None = None) -> FrozenTransition:
+    """Freeze memory (behavioural selector, or with ``config.persona_recipes`` each style's
+    persona call), CAA (scale) and the prompts for ``transition``. ``personas``: the persona
+    calls made so far, by style (a pair's two transitions share them; filled in here)."""
     old, new = parse_transition(transition)
     pairs, drift = transition_calibration(old, new, config.calibration_pairs, config.drift_pairs)
     descriptors = {"old": style_descriptor(old), "new": style_descriptor(new)}
-    banks = {key: BankSet([MemoryBank.from_text(model, tokenizer, text, role="target",
-                                                name="persona", template="{text}",
-                                                context="system")], model=model)
-             for key, text in descriptors.items()}
-    selector = behavioural_selector(model, tokenizer, banks["new"], pairs, drift, config,
-                                     transition)
+    cost = (NeutralCost(model, tokenizer, batch_size=config.batch_size)
+            if config.persona_recipes else None)
+    old_selector = None
+    if config.persona_recipes:
+        personas = {} if personas is None else personas
+        oriented = {"new": pairs, "old": [(q, o, n) for q, n, o in pairs]}
+        found = {}
+        for key, style in (("old", old), ("new", new)):
+            if style not in personas:
+                personas[style] = _style_persona(model, tokenizer, style, descriptors[key],
+                                                 oriented[key], config, cost)
+            found[key] = personas[style]
+        banks = {key: steering.banks for key, steering in found.items()}
+        selector, old_selector = found["new"].selector, found["old"].selector
+        memory = {key: {"recipe": steering.recipe, "layers": steering.selector.layers,
+                        "units": {str(k): v for k, v in steering.selector.units.items()},
+                        "strength": steering.selector.strength,
+                        "kv_bytes": steering.selector.config["kv_bytes"],
+                        "objective": steering.selector.config["best"]}
+                  for key, steering in found.items()}
+    else:
+        banks = {key: BankSet([MemoryBank.from_text(model, tokenizer, text, role="target",
+                                                    name="persona", template="{text}",
+                                                    context="system")], model=model)
+                 for key, text in descriptors.items()}
+        selector = behavioural_selector(model, tokenizer, banks["new"], pairs, drift, config,
+                                        transition)
+        memory = {"layers": selector.layers, "gain": selector.layer_gains,
+                  "objective": selector.config["best"]}
     vectors = CAAVectors.extract(model, tokenizer,
                                  [(f.format(descriptors["new"]), f.format(descriptors["old"]))
                                   for f in CAA_FRAMES], layers=[config.caa_layer])
     objective = ShiftObjective(model, tokenizer, pairs, drift,
                                uncertainty_weight=config.uncertainty_weight,
-                               batch_size=config.batch_size)
+                               batch_size=config.batch_size, cost=cost)
     scale, rows = best_strength(objective, lambda s: CAAFromStart(vectors, scale=s),
-                                config.caa_scales, cost_budget=None)
-    setup = {"memory": {"layers": selector.layers, "gain": selector.layer_gains,
-                        "objective": selector.config["best"]},
+                                config.caa_scales,
+                                cost_budget=config.cost_budget if cost is not None else None)
+    setup = {"memory": memory,
              "caa": {"layer": config.caa_layer, "scale": scale, "calibration": rows},
              "descriptors": descriptors, "calibration_pairs": len(pairs)}
     return FrozenTransition(old, new, banks,
                             {k: _system(tokenizer, v) for k, v in descriptors.items()},
-                            selector, vectors, scale, setup)
+                            selector, vectors, scale, setup, old_selector)
+
+
+def _style_persona(model, tokenizer, style: str, descriptor: str, pairs, config, cost):
+    """``style``'s one-line persona call (saved under ``config.selectors_dir``, as
+    ``<style>-persona``, when given)."""
+    from hf_memory.recipes.persona import calibrate_persona
+
+    found = calibrate_persona(model, tokenizer, descriptor, pairs,
+                              recipes=config.persona_recipes, cost_budget=config.cost_budget,
+                              top_layers=config.top_layers, batch_size=config.batch_size,
+                              cost=cost, judge=False, progress=False)
+    if config.selectors_dir:
+        found.save_pretrained(Path(config.selectors_dir) / f"{style}-persona")
+    return found
 
 
 def _walk(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTransition,
@@ -179,7 +245,8 @@ def _walk(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTra
     shift = case["shift_turn"]
     system = frozen.systems["old"] if method in ("prompt-init", "prompt-repl") else None
     banks = frozen.banks["old"] if method == "memory" else None
-    steering = {"selector": frozen.selector} if method == "memory" else {}
+    steering = ({"selector": frozen.old_selector or frozen.selector} if method == "memory"
+                else {})
     chat = Conversation(model, tokenizer, banks=banks, system=system, **steering)
     caa = (apply_caa(model, frozen.caa, scale=-frozen.caa_scale, start_position=0)
            if method == "caa" else None)
@@ -187,7 +254,9 @@ def _walk(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTra
         for turn in range(1, case["turns"] + 1):
             if turn == shift:
                 chat.prefill()  # the transcript so far under the old guidance
-                if method == "memory":
+                if method == "memory" and frozen.old_selector is not None:
+                    chat.set_banks(frozen.banks["new"], selector=frozen.selector)
+                elif method == "memory":
                     chat.set_banks(frozen.banks["new"])
                 elif method == "caa":
                     caa.remove()
@@ -254,13 +323,16 @@ def generate_case(model, tokenizer, case: dict[str, Any], method: str,
 
 def _guidance_kv(model, tokenizer, frozen: FrozenTransition) -> dict[str, dict[str, int]]:
     """Per method: visible guidance KV bytes (prompt tokens in the cache) and latent guidance
-    bytes (bank tensors at the steered layers, CAA vector)."""
+    bytes (bank tensors at the steered layers, or for a persona call's banks at the steered KV
+    heads as its search counted them; CAA vector)."""
     probe = "How are you today?"
     visible = PromptMethod(frozen.setup["descriptors"]["new"], tokenizer=tokenizer
                            ).guidance_kv_bytes(model, tokenizer, probe)
     ids = tokenizer(frozen.setup["descriptors"]["new"], return_tensors="pt",
                     add_special_tokens=False).input_ids
-    bank = kv_footprint(model, frozen.banks["new"], ids, layers=frozen.selector.layers).bank_bytes
+    bank = (frozen.selector.config["kv_bytes"] if frozen.old_selector is not None  # per unit
+            else kv_footprint(model, frozen.banks["new"], ids,
+                              layers=frozen.selector.layers).bank_bytes)
     vector = sum(v.numel() * v.element_size() for v in frozen.caa.vectors.values())
     return {"plain": {"visible": 0, "latent": 0},
             "prompt-init": {"visible": visible, "latent": 0},
@@ -369,13 +441,13 @@ def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
     if not cases:
         raise ValueError("no dialogue case matches the configured transitions, lengths and "
                          "branches")
-    records, setups, kv = [], {}, {}
+    records, setups, kv, personas = [], {}, {}, {}
     bar = tqdm(total=len(cases) * len(config.methods), desc="dialogue shift")
     for transition in config.transitions:
         mine = [c for c in cases if f"{c['old']}_to_{c['new']}" == transition]
         if not mine:
             continue
-        frozen = calibrate_transition(model, tokenizer, transition, config)
+        frozen = calibrate_transition(model, tokenizer, transition, config, personas)
         setups[transition] = frozen.setup
         kv[transition] = _guidance_kv(model, tokenizer, frozen)
         for case in mine:

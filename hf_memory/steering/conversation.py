@@ -54,8 +54,13 @@ class Conversation:
         if banks is not None:
             self.set_banks(banks)
 
-    def set_banks(self, banks: BankSet | Sequence[MemoryBank] | None) -> None:
-        """Use ``banks`` from the next token on (None: no steering); the cache is kept."""
+    def set_banks(self, banks: BankSet | Sequence[MemoryBank] | None, **steering: Any) -> None:
+        """Use ``banks`` from the next token on (None: no steering); the cache is kept.
+        ``steering``: new keyword arguments for :func:`steer` (e.g. the new banks' own
+        ``selector``), replacing the ones given before; none: keep them."""
+        if steering:
+            self.set_banks(None)
+            self._steering = steering
         if banks is None:
             if self.handle is not None:
                 self.handle.remove()
