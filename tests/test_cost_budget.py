@@ -5,9 +5,9 @@ with the embedded model's tokenizer, bad input)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
 from hf_memory import BankSet, MemoryMethod, PromptMethod, Selector, steer
 from hf_memory.chat.generation import chat_messages

@@ -61,12 +61,12 @@ from hf_memory import BankSet, CAAVectors, Conversation, MemoryBank, Selector, a
 from hf_memory.baselines.methods import PromptMethod
 from hf_memory.chat.generation import default_system_prompt
 from hf_memory.metrics.kv_accounting import kv_footprint
-from hf_memory.metrics.text_quality import repetition
 from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.metrics.text_quality import repetition
 from hf_memory.recipes.persona_recipes import RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
-from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
+from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
 from ..bigfive.task import CAA_FRAMES
 from ..directions import CAAFromStart, behavioural_selector
