@@ -369,6 +369,16 @@ def test_persona_recipes_give_each_style_its_own_banks_and_sites(tiny, tokenizer
     assert there.setup["caa"]["scale"] in (0.0, 1.0)  # within the cost budget, or none
     for style in ("anxious", "dismissive"):
         assert (tmp_path / f"{style}-persona" / "persona.json").is_file()
+    # a second run reuses the saved calls, unless they were made with other knobs
+    again = calibrate_transition(tiny, tokenizer, "dismissive_to_anxious", config)
+    assert again.selector.config == there.selector.config
+    changed = DialogueShiftConfig(**{**vars(config), "transitions": ["dismissive_to_anxious"],
+                                     "top_layers": 2})
+    assert json.loads((tmp_path / "anxious-persona" / "calibration.json").read_text())[
+        "top_layers"] == 1
+    calibrate_transition(tiny, tokenizer, "dismissive_to_anxious", changed)
+    assert json.loads((tmp_path / "anxious-persona" / "calibration.json").read_text())[
+        "top_layers"] == 2
     kv = _guidance_kv(tiny, tokenizer, there)
     assert kv["memory"]["latent"] == there.selector.config["kv_bytes"]
     case = {**_tiny_case(), "old": "dismissive", "new": "anxious"}

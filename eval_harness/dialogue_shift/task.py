@@ -48,6 +48,7 @@ The user's shift request, a new user message at the shift turn, is in every meth
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_memory import BankSet, CAAVectors, Conversation, MemoryBank, Selector, apply_caa
+from hf_memory.artifacts.atomic_files import write_json
 from hf_memory.baselines.methods import PromptMethod
 from hf_memory.chat.generation import default_system_prompt
 from hf_memory.metrics.kv_accounting import kv_footprint
@@ -223,16 +225,31 @@ def calibrate_transition(model, tokenizer, transition: str, config: DialogueShif
 
 
 def _style_persona(model, tokenizer, style: str, descriptor: str, pairs, config, cost):
-    """``style``'s one-line persona call (saved under ``config.selectors_dir``, as
-    ``<style>-persona``, when given)."""
-    from hf_memory.recipes.persona import calibrate_persona
+    """``style``'s one-line persona call: the one saved under ``config.selectors_dir`` as
+    ``<style>-persona`` when it was made on this model with the same descriptor, pairs and
+    knobs, else made (and saved there, when given)."""
+    from hf_memory.recipes.persona import PersonaSteering, calibrate_persona
+    from hf_memory.selection.behavioural_calibration import pairs_digest
 
+    wanted = {"descriptor": descriptor, "pairs_sha256": pairs_digest(pairs),
+              "recipes": list(config.persona_recipes), "cost_budget": config.cost_budget,
+              "top_layers": config.top_layers}
+    place = Path(config.selectors_dir) / f"{style}-persona" if config.selectors_dir else None
+    if place is not None and (place / "calibration.json").is_file():
+        try:
+            made = json.loads((place / "calibration.json").read_text())
+            found = PersonaSteering.from_pretrained(place, model=model)
+        except (ValueError, OSError):  # unreadable, or made for another model: make it again
+            made = None
+        if made == wanted:
+            return found
     found = calibrate_persona(model, tokenizer, descriptor, pairs,
                               recipes=config.persona_recipes, cost_budget=config.cost_budget,
                               top_layers=config.top_layers, batch_size=config.batch_size,
                               cost=cost, judge=False, progress=False)
-    if config.selectors_dir:
-        found.save_pretrained(Path(config.selectors_dir) / f"{style}-persona")
+    if place is not None:
+        found.save_pretrained(place)
+        write_json(place / "calibration.json", wanted)
     return found
 
 
