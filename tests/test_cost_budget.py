@@ -439,14 +439,15 @@ def test_the_bounded_lazy_bisection_finds_what_every_setting_measured_finds(
             assert capability is None or search._capability[key] <= ceiling
 
 
-def test_the_capability_ceiling_is_asked_once_where_it_does_not_bind():
-    cost = TableCost({0: 0.16})  # strength² · 0.16 nats
-    capability = TableCost({0: 0.01})
+def test_the_neutral_cost_is_not_measured_where_the_capability_ceiling_refuses():
+    cost = TableCost({0: 0.01})  # strength² · 0.01 nats per token: every setting fits 0.1
+    capability = TableCost({0: 0.5})  # strength² · 0.5 per answer: 0.5 fits 0.2, 0.75 not
     search = BudgetSearch(TableObjective({}, {}, cost), banks(), 0.1, "kv_group", 2,
                           strengths=[0.25, 0.5, 0.75, 1.0], capability=capability,
-                          capability_ceiling=0.3)
-    assert search.settings[search.strongest({0: (0, 1)})] == (0.75, 1.0)
-    assert capability.calls == 1 and cost.calls == 3  # 0.5 and 0.75 fit, 1.0 does not
+                          capability_ceiling=0.2)
+    assert search.settings[search.strongest({0: (0, 1)})] == (0.5, 1.0)
+    # the bisection asks 0.5 (fits both), then 0.75 (refused by capability alone)
+    assert capability.calls == 2 and cost.calls == 1
 
 
 def test_a_bound_that_does_not_hold_is_not_trusted():

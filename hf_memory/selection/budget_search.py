@@ -16,12 +16,10 @@ gain ρ₀ (1 by default), then, where ``gains`` are given, full strength at eac
 multiplies every bank gain: a bias ρλ on the bank's slot logits, eq. 9), so a bank that costs
 little at full strength can be pushed past it. s* is found by bisection on the grid, which
 assumes the cost grows along it (it does on every curve measured; see BENCHMARKS.md); every
-chosen setting is measured within budget. The bisection asks the neutral-text budget first and
-the capability ceiling (below) only at the answer, going lower only where it binds; and it
-starts from what configurations already searched say, assuming the cost also grows with the
-sites steered: a configuration's setting is at most that of any searched configuration it
-contains, and at least that of any it is contained in (a bound checked by one probe before it
-is trusted).
+chosen setting is measured within budget. The bisection starts from what configurations
+already searched say, assuming the cost also grows with the sites steered: a configuration's
+setting is at most that of any searched configuration it contains, and at least that of any it
+is contained in (a bound checked by one probe before it is trusted).
 Subtracting the neutral bank's movement at the same sites and strength scores content, not
 presence. Taking the strongest setting within budget is the budget rule: the most target
 movement the budget buys (movement grows with the strength on every measured curve; a user who
@@ -196,12 +194,14 @@ class BudgetSearch:
         return self._capability[key]
 
     def within(self, units: Units, index: int) -> bool:
-        """Whether setting ``index`` at ``units`` is within the cost budget and, where there is
-        one, the capability ceiling (the cheaper neutral-text check first)."""
-        if self._cost(units, index) > self.cost_budget:
+        """Whether setting ``index`` at ``units`` is within the capability ceiling, where there
+        is one, and the cost budget. The capability check goes first: on the embedded model it
+        is the cheaper probe (14 short answers against the neutral text: 1.3 s against 2.1 s)
+        and the one that binds (personas page, "Where the default call's time goes")."""
+        if self.capability is not None and (self.capability_cost(units, index)
+                                            > self.capability_ceiling):
             return False
-        return self.capability is None or (self.capability_cost(units, index)
-                                           <= self.capability_ceiling)
+        return self._cost(units, index) <= self.cost_budget
 
     def strongest(self, units: Units) -> int:
         """Index of the strongest dial setting within budget at ``units`` (-1: none): the
@@ -211,10 +211,7 @@ class BudgetSearch:
             low, high = self._known_bounds(units)
             if low >= 0 and not self.within(units, low):  # the bound failed: search below it
                 low, high = -1, low - 1
-            found = self._bisect(lambda i: self._cost(units, i) <= self.cost_budget, low, high)
-            if found >= 0 and self.capability is not None and not self.within(units, found):
-                found = self._bisect(lambda i: self.within(units, i), low, found - 1)
-            self._strongest[frozen] = found
+            self._strongest[frozen] = self._bisect(lambda i: self.within(units, i), low, high)
         return self._strongest[frozen]
 
     def _known_bounds(self, units: Units) -> tuple[int, int]:
