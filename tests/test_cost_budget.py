@@ -14,7 +14,7 @@ from hf_memory.chat.generation import chat_messages
 from hf_memory.metrics.likelihood import log_probabilities
 from hf_memory.metrics.steering_cost import NeutralCost, cost_texts, neutral_sample
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
-from hf_memory.selection.budget_search import BudgetSearch
+from hf_memory.selection.budget_search import BudgetSearch, DialProbes
 from tests.test_memory_inception import random_bank
 from tests.tiny_models import tiny_model
 
@@ -466,3 +466,33 @@ def test_a_bound_that_does_not_hold_is_not_trusted():
     assert search.settings[search.strongest({0: (0, 1)})] == (1.0, 1.0)
     assert search.settings[search.strongest({0: (0,)})] == (0.5, 1.0)
     assert search._costs[(((0, (0,)),), 1)] == pytest.approx(0.1)
+
+
+def test_searches_that_share_dial_probes_measure_nothing_twice():
+    """A screen (every 2nd layer alone) then the full search of the same banks: the full
+    search measures no cost the screen measured, and finds what a search of its own finds."""
+    cost = TableCost({layer: 0.02 * (layer + 1) for layer in range(5)})
+    table = {layer: [float(layer), 1.0] for layer in range(5)}
+    objective = TableObjective(table, {layer: [0.0, 0.0] for layer in range(5)}, cost)
+    pair, control = banks(), banks(seed=3)
+
+    def search(probes=None):
+        return BudgetSearch(objective, pair, 0.1, "kv_group", 2, control=control,
+                            strengths=[0.25, 0.5, 0.75, 1.0], probes=probes)
+
+    probes = DialProbes()
+    search(probes).run(range(5), top_layers=1, unit_search=False, layer_stride=2,
+                       progress=False)
+    screened = cost.calls
+
+    def full(probes=None):
+        before = cost.calls
+        return search(probes).run(range(5), top_layers=2, progress=False), cost.calls - before
+
+    (shared, shared_calls), (alone, alone_calls) = full(probes), full()
+    assert (dict(shared.units), shared.strength) == (dict(alone.units), alone.strength)
+    assert shared_calls == alone_calls - screened and screened > 0
+    with pytest.raises(ValueError, match="measured for other banks"):
+        BudgetSearch(objective, banks(seed=5), 0.1, "kv_group", 2, probes=probes)
+    with pytest.raises(ValueError, match="measured for other banks"):
+        BudgetSearch(objective, pair, 0.2, "kv_group", 2, probes=probes)

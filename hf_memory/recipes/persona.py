@@ -23,7 +23,8 @@ cost
 budget, net of a neutral control built by the same recipe, sites that do not hold on a
 validation split dropped) and keeps the recipe whose validation movement is largest. By default
 the recipes are screened first (each one's best single layer, on a coarse grid of layers) and only
-the best is searched fully: about half the time of searching each.
+the best is searched fully, reusing what the screen measured of its dial
+(:class:`~hf_memory.selection.budget_search.DialProbes`): about half the time of searching each.
 
 Two ceilings keep the economy the paper sells (both on by default, both lifted by ``None``):
 
@@ -59,7 +60,7 @@ from hf_memory.metrics.likelihood import check_pairs
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import split_pairs
-from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
+from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET, DialProbes
 from hf_memory.selection.defaults import CAPABILITY_SLACK, DEFAULT_KV_CEILING
 from hf_memory.selection.selector import Selector
 
@@ -285,7 +286,8 @@ def _recipe_banks(model, tokenizer, text: str, recipe: str, pairs, max_exemplars
         return {"recipe": recipe, "skipped": f"one KV head of its banks at one layer is "
                                              f"{per_head} bytes, over the KV ceiling of "
                                              f"{kv_ceiling}"}
-    return {"recipe": recipe, "banks": banks, "scored": scored, "examples": examples}
+    return {"recipe": recipe, "banks": banks, "scored": scored, "examples": examples,
+            "probes": DialProbes()}  # the screen's measurements, reused by the full search
 
 
 def _screened(model, tokenizer, built: list[dict[str, Any]], bar, limited: dict[str, Any],
@@ -298,7 +300,7 @@ def _screened(model, tokenizer, built: list[dict[str, Any]], bar, limited: dict[
         bar.set_description(f"persona calibration: screening {entry['recipe']}", refresh=False)
         selector = Selector.calibrate_behavioural(model, tokenizer, entry["banks"],
                                                   entry["scored"], top_layers=1, **limited,
-                                                  **cheap)
+                                                  probes=entry["probes"], **cheap)
         scores.append(selector.config["best"]["score"])
     best = max(range(len(built)), key=scores.__getitem__)
     others = [{"recipe": entry["recipe"], "screened": score,
@@ -372,7 +374,8 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
         recipe, banks, examples = entry["recipe"], entry["banks"], entry["examples"]
         bar.set_description(f"persona calibration: {recipe}", refresh=False)
         selector = Selector.calibrate_behavioural(model, tokenizer, banks, entry["scored"],
-                                                  top_layers=top_layers, **limited, **search)
+                                                  top_layers=top_layers, **limited,
+                                                  probes=entry["probes"], **search)
         exemplars = [target for _, target, _ in examples]
         selector.config["bank_recipe"] = {"recipe": recipe, "text": text,
                                           "exemplars": exemplars}

@@ -84,6 +84,7 @@ def calibrate_by_behaviour(
     kv_ceiling: int | None = None,
     capability: Any = None,
     capability_ceiling: float | None = None,
+    probes: Any = None,
     config: BehaviouralConfig | None = None,
 ) -> SelectionResult:
     """Select sites by the movement they cause within a cost budget (the default); returns the
@@ -150,6 +151,9 @@ def calibrate_by_behaviour(
             (:class:`~hf_memory.metrics.factual.AnswerCost`) and the nats per answer it may
             reach (budgeted search; both or neither): a dial setting is within budget only
             when it is within both ceilings.
+        probes: a :class:`~hf_memory.selection.budget_search.DialProbes` an earlier search of
+            the same banks, costs and ceilings filled (budgeted search): nothing it measured
+            is measured again (None: the search's own).
         config: the knobs above as one :class:`~hf_memory.selection.search_types.BehaviouralConfig`
             (its ``algorithm`` names the search), instead of the keywords.
 
@@ -209,7 +213,8 @@ def calibrate_by_behaviour(
                          check_pairs=check_pairs, progress=search.progress,
                          limits={"kv_ceiling": budgeted.kv_ceiling,
                                  "capability": budgeted.capability,
-                                 "capability_ceiling": budgeted.capability_ceiling})
+                                 "capability_ceiling": budgeted.capability_ceiling,
+                                 "probes": budgeted.probes})
     top_layers, gains = search.top_layers, search.unbudgeted.gains
     max_evaluations = search.unbudgeted.max_evaluations
     budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None

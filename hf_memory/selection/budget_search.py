@@ -66,7 +66,8 @@ from hf_memory.selection.behavioural_search import (
     check_weight,
 )
 
-__all__ = ["DEFAULT_COST_BUDGET", "DEFAULT_STRENGTHS", "PROMPT_LIKE_GAINS", "BudgetSearch"]
+__all__ = ["DEFAULT_COST_BUDGET", "DEFAULT_STRENGTHS", "PROMPT_LIKE_GAINS", "BudgetSearch",
+           "DialProbes"]
 
 DEFAULT_STRENGTHS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 # ρ above full strength for banks in concatenated attention (no size normalisation): measured on
@@ -77,6 +78,30 @@ DEFAULT_STRENGTHS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 PROMPT_LIKE_GAINS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 Units = dict[int, tuple[int, ...]]
+
+
+@dataclass
+class DialProbes:
+    """What searches of one bank set have measured on the dial: the neutral-text and
+    capability costs by (sites, setting) and the strongest setting found by sites. Searches
+    that share it (a screen, then the full search of the banks it kept) measure nothing twice;
+    it refuses a search of other banks, costs, ceilings or dial (ValueError)."""
+
+    costs: dict[tuple, float] = field(default_factory=dict)
+    capability: dict[tuple, float] = field(default_factory=dict)
+    strongest: dict[tuple, int] = field(default_factory=dict)
+    measured_for: tuple | None = None
+
+    def bind(self, search: BudgetSearch) -> None:
+        """Tie these probes to ``search``'s banks, costs, ceilings and dial, or check that
+        they are the ones they were measured for."""
+        key = (id(search.banks), id(search.objective.cost), id(search.capability),
+               search.cost_budget, search.capability_ceiling, tuple(search.settings))
+        if self.measured_for is None:
+            self.measured_for = key
+        elif self.measured_for != key:
+            raise ValueError("these dial probes were measured for other banks, costs, "
+                             "ceilings or dial settings: give this search its own")
 
 
 @dataclass
@@ -99,6 +124,7 @@ class BudgetSearch:
     capability: Any = None
     capability_ceiling: float | None = None
     progress_bar: Any = None
+    probes: DialProbes | None = None
     history: list[SiteScore] = field(default_factory=list)
     cost_probes: int = 0
 
@@ -129,9 +155,11 @@ class BudgetSearch:
                 and math.isfinite(self.capability_ceiling)):
             raise ValueError("capability_ceiling must be a finite number of nats per answer, "
                              f"got {self.capability_ceiling!r}")
-        self._costs: dict[tuple, float] = {}
-        self._capability: dict[tuple, float] = {}
-        self._strongest: dict[tuple, int] = {}  # frozen units -> strongest setting found
+        if self.probes is None:
+            self.probes = DialProbes()
+        self.probes.bind(self)
+        self._costs, self._capability = self.probes.costs, self.probes.capability
+        self._strongest = self.probes.strongest
         # query heads per KV head, where the units are query heads
         self._group = max(1, self.num_units // next(iter(self.banks)).num_kv_heads)
         # bytes of one KV head's slots at one layer, over every bank
@@ -178,10 +206,7 @@ class BudgetSearch:
         """The same search scoring ``objective`` (e.g. validation pairs) instead: the same
         banks, control, dial and ceilings, and the same cost caches (a site's costs do not
         depend on the pairs), with a history of its own."""
-        judge = replace(self, objective=objective, history=[], cost_probes=0)
-        judge._costs, judge._capability = self._costs, self._capability
-        judge._strongest = self._strongest
-        return judge
+        return replace(self, objective=objective, history=[], cost_probes=0)
 
     def capability_cost(self, units: Units, index: int) -> float | None:
         """Nats per factual answer the setting costs (None without a capability ceiling)."""

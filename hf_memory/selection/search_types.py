@@ -74,6 +74,7 @@ class BudgetedSettings:
     kv_ceiling: int | None = None
     capability: Any = None  # an AnswerCost
     capability_ceiling: float | None = None
+    probes: Any = None  # a DialProbes shared with an earlier search of the same banks
 
 
 @dataclass(frozen=True)
