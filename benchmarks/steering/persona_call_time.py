@@ -8,6 +8,9 @@ calibrated by it: does the memory row at its KV ceiling voice the pirate?
    then ``make demo``'s four questions answered by plain, the prompt and that memory: the share
    of the pirate's words (``lexicon_rate``), the judge's score, KV against the prompt's, cost.
 
+The first call's probes are counted and timed by kind (capability, neutral text, objective):
+where its time goes.
+
 Usage: python -m benchmarks.steering.persona_call_time [--direction caution+] [--skip-pirate]
 """
 
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import platform
+import time
+from contextlib import contextmanager
 
 import torch
 
@@ -22,12 +27,42 @@ from benchmarks.results import ResultLog, add_jsonl_argument
 from benchmarks.timing import timed
 from experiments.mi_user_persona import direction_items
 from hf_memory import PlainMethod, PromptMethod, generate_with, load_default_model
+from hf_memory.metrics.factual import AnswerCost
 from hf_memory.metrics.reply_judge import ReplyJudge
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.metrics.text_quality import lexicon_rate
 from hf_memory.recipes.demo import DEFAULT_PROMPTS
 from hf_memory.recipes.persona import calibrate_persona
 from hf_memory.recipes.shipped import persona_spec
+from hf_memory.selection.behavioural_search import ShiftObjective
+
+PROBES = {"capability": AnswerCost, "neutral": NeutralCost, "objective": ShiftObjective}
+
+
+@contextmanager
+def counted_probes():
+    """``{kind: [calls, seconds]}`` of every probe's ``measure`` while the block runs (the
+    classes are restored after it)."""
+    counts = {kind: [0, 0.0] for kind in PROBES}
+    originals = {kind: cls.measure for kind, cls in PROBES.items()}
+
+    def timed_measure(kind):
+        def measure(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return originals[kind](self, *args, **kwargs)
+            finally:
+                counts[kind][0] += 1
+                counts[kind][1] += time.perf_counter() - start
+        return measure
+
+    try:
+        for kind, cls in PROBES.items():
+            cls.measure = timed_measure(kind)
+        yield counts
+    finally:
+        for kind, cls in PROBES.items():
+            cls.measure = originals[kind]
 
 
 def main() -> None:
@@ -41,13 +76,17 @@ def main() -> None:
           f"{torch.get_num_threads()} threads")
     (model, tokenizer), loaded = timed(load_default_model)
     text, items = direction_items(args.direction)
-    found, seconds = timed(lambda: calibrate_persona(model, tokenizer, text, items[:20],
-                                                     progress=False))
+    with counted_probes() as probes:
+        found, seconds = timed(lambda: calibrate_persona(model, tokenizer, text, items[:20],
+                                                         progress=False))
     log.write(persona=args.direction, call_s=seconds, load_s=loaded, recipe=found.recipe,
-              layers=found.selector.layers, kv_fraction=found.trials[0]["kv_fraction"])
+              layers=found.selector.layers, kv_fraction=found.trials[0]["kv_fraction"],
+              probes=probes)
     print(f"# {args.direction}: the default call {seconds:.0f} s (model "
           f"loaded in {loaded:.1f} s); kept {found.recipe} at layers {found.selector.layers}, "
-          f"KV {found.trials[0]['kv_fraction']:.2f}x the prompt's", flush=True)
+          f"KV {found.trials[0]['kv_fraction']:.2f}x the prompt's; probes "
+          + ", ".join(f"{kind} {n} ({t:.0f} s)" for kind, (n, t) in probes.items()),
+          flush=True)
     if args.skip_pirate:
         return
     spec = persona_spec("pirate")
