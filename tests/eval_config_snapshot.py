@@ -566,8 +566,11 @@ CONFIGS = {('air-maze', 'defaults'): {'model': '/m/x', 'puzzles': 200},
                                'uncertainty_weight': 1.0,
                                'validation': 0.25}}
 
-# fields added since the capture: task -> {field: value recorded without its flag}
+# fields added (or defaults changed) since the capture: task -> {field: value recorded without
+# its flag}
 ADDED = {"trait-steering": {"judge_prompts": 8},  # issue 77: judged replies
          "layer-ablation": {"judge_prompts": 0},
-         # issue 78: memory by the persona call in the dialogue shift
-         "dialogue-shift": {"persona_recipes": None, "cost_budget": 0.1}}
+         # issue 78: memory by the persona call in the dialogue shift, and CAA scales below 1
+         # (within the 0.1 budget CAA from the first token fits none of 1-16)
+         "dialogue-shift": {"persona_recipes": None, "cost_budget": 0.1,
+                            "caa_scales": (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)}}
