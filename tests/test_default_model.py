@@ -143,6 +143,15 @@ def convert_in_subprocess(cache: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _staged_files(folder) -> list:
+    """Files in the conversion's staging folders, or none while one is being removed (the
+    converter renames and deletes its intermediate staging folders as it goes)."""
+    try:
+        return list(folder.glob(".staging-*/*"))
+    except FileNotFoundError:  # a staging folder went away between the listing and its scan
+        return []
+
+
 @pytest.mark.slow
 def test_the_conversion_cache_survives_kills_races_and_damage_and_is_exact(default_model,
                                                                            tmp_path):
@@ -154,7 +163,7 @@ def test_the_conversion_cache_survives_kills_races_and_damage_and_is_exact(defau
     directory = dm.default_model_cache_dir(tmp_path)
     try:
         deadline = time.monotonic() + 300
-        while not list(directory.parent.glob(".staging-*/*")):  # the conversion is writing
+        while not _staged_files(directory.parent):  # the conversion is writing
             assert writer.poll() is None and time.monotonic() < deadline, writer.stderr.read()
             time.sleep(0.01)
     finally:
