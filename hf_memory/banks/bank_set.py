@@ -46,12 +46,13 @@ __all__ = ["FORMAT_VERSION", "BankSet", "BankSetFormatError"]
 
 FORMAT_VERSION = 1
 CONTRAST_FORMAT_VERSION = 2  # contrast sets: older readers refuse them rather than mix them
+SINK_FORMAT_VERSION = 3  # sets the first token does not read: older readers would let it
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "banks.safetensors"
 CARD_NAME = "README.md"
 CARRIED_CONFIG = "hf_memory.config"  # the weights' metadata key holding config.json's record
 _CONFIG_KEYS = {"format_version", "library", "library_version", "kind", "fingerprint", "gamma",
-                "size_normalize", "contrast", "banks"}
+                "size_normalize", "contrast", "sink_reads_banks", "banks"}
 _BANK_KEYS = {"name", "role", "gain", "layers", "num_slots", "num_kv_heads", "head_dim",
               "dtype", "content_hash", "provenance", "has_phases", "has_positions"}
 
@@ -75,6 +76,12 @@ class BankSet:
             reference bank over the same layers and no auxiliary bank. What the two banks have
             in common (the persona text, the reply form) cancels and their difference steers,
             as in CAA's mean difference, but read by attention at the selected sites.
+        sink_reads_banks: whether a sequence's first token (the model's attention sink: a query
+            that sees no key but its own) reads the banks like every later token (True, the
+            paper's injection) or keeps the stock attention output (False: as it would beside a
+            visible prompt, which comes after it). Banks placed before the conversation
+            (``placement="before"``) change the sink's massive activation when it reads them,
+            and with it every later token: measured in ``hf_memory/README.md``.
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class BankSet:
         gamma: float = 1.0,
         size_normalize: bool = True,
         contrast: bool = False,
+        sink_reads_banks: bool = True,
     ) -> None:
         self.banks = list(banks)
         names = [bank.name for bank in self.banks]
@@ -100,6 +108,9 @@ class BankSet:
         self.gamma = float(gamma)
         self.size_normalize = bool(size_normalize)
         self.contrast = bool(contrast)
+        if not isinstance(sink_reads_banks, bool):
+            raise ValueError(f"sink_reads_banks must be True or False, got {sink_reads_banks!r}")
+        self.sink_reads_banks = sink_reads_banks
         if self.contrast:
             _check_contrast(self.banks)
         self.fingerprint = model_fingerprint(model) if model is not None else fingerprint
@@ -152,7 +163,8 @@ class BankSet:
         from hf_memory import __version__
 
         return {
-            "format_version": CONTRAST_FORMAT_VERSION if self.contrast else FORMAT_VERSION,
+            "format_version": (SINK_FORMAT_VERSION if not self.sink_reads_banks
+                               else CONTRAST_FORMAT_VERSION if self.contrast else FORMAT_VERSION),
             "kind": "memory_inception_bank_set",
             "library": "hf-memory",
             "library_version": __version__,
@@ -160,6 +172,7 @@ class BankSet:
             "gamma": self.gamma,
             "size_normalize": self.size_normalize,
             **({"contrast": True} if self.contrast else {}),
+            **({"sink_reads_banks": False} if not self.sink_reads_banks else {}),
             "banks": [{
                 "name": b.name, "role": b.role, "gain": b.gain, "layers": list(b.layers),
                 "num_slots": b.num_slots, "num_kv_heads": b.num_kv_heads,
@@ -262,7 +275,8 @@ class BankSet:
         try:
             bank_set = cls(banks, fingerprint=config["fingerprint"], gamma=config["gamma"],
                            size_normalize=config["size_normalize"],
-                           contrast=config.get("contrast", False))
+                           contrast=config.get("contrast", False),
+                           sink_reads_banks=config.get("sink_reads_banks", True))
         except (ValueError, OverflowError) as error:  # duplicate names, a huge gamma, ...
             raise BankSetFormatError(f"{directory / CONFIG_NAME}: {error}") from None
         if model is not None:
@@ -345,10 +359,17 @@ def _read_config(directory: Path, carried: str | None = None) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("kind") != "memory_inception_bank_set":
         raise BankSetFormatError(f"{path} does not describe a memory-inception bank set")
     version = config.get("format_version")
-    if version not in (FORMAT_VERSION, CONTRAST_FORMAT_VERSION):
+    versions = (FORMAT_VERSION, CONTRAST_FORMAT_VERSION, SINK_FORMAT_VERSION)
+    if version not in versions:
         raise BankSetFormatError(f"{path} has format version {version!r}; this library reads "
-                                 f"versions {FORMAT_VERSION} and {CONTRAST_FORMAT_VERSION}")
-    if (version == CONTRAST_FORMAT_VERSION) != (config.get("contrast") is True):
+                                 f"versions {', '.join(map(str, versions))}")
+    sink = config.get("sink_reads_banks", True)
+    if (version == SINK_FORMAT_VERSION) != (sink is False) or sink not in (True, False):
+        raise BankSetFormatError(f"{path}: format version {version} with sink_reads_banks "
+                                 f"{sink!r:.40} (version 3 is a set the first token does not "
+                                 "read)")
+    if version != SINK_FORMAT_VERSION and \
+            (version == CONTRAST_FORMAT_VERSION) != (config.get("contrast") is True):
         raise BankSetFormatError(f"{path}: format version {version} with contrast "
                                  f"{config.get('contrast')!r} (version 2 is a contrast set)")
     missing = {"fingerprint", "gamma", "size_normalize", "banks"} - set(config)

@@ -50,4 +50,4 @@ def neutral_control(model, tokenizer, banks):
             layers=bank.layers, keep=made["keep"], context=made["context"], gain=bank.gain,
             placement=made.get("placement", "free")))
     return BankSet(neutral, model=model, gamma=banks.gamma, size_normalize=banks.size_normalize,
-                   contrast=banks.contrast)
+                   contrast=banks.contrast, sink_reads_banks=banks.sink_reads_banks)

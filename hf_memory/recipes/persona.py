@@ -7,8 +7,14 @@ Three recipes turn a persona text into banks (:data:`RECIPES`):
   Big Five selectors use.
 - ``prompt_like``: the same slots placed where a visible system prompt's keys would sit, just
   before the conversation, in concatenated attention (no size normalisation, no bias at ρ = 0).
-  At every layer this is the visible prompt (less its chat markers); the budgeted search trades
-  layers and KV groups for movement, and pushes ρ above 0 where the cost allows.
+  At every layer this is close to the visible prompt (less its chat markers; the template's
+  default system prompt stays); the budgeted search trades layers and KV groups for movement,
+  and pushes ρ above 0 where the cost allows.
+
+Every recipe's banks keep the conversation's first token, the model's attention sink, off the
+slots by default (``sink_reads_banks=False``): beside a visible prompt it reads nothing but
+itself, and reading slots placed before it costs the embedded model up to 1.6 nats per neutral
+token at ρ = 0 (``hf_memory/README.md``).
 - ``exemplars``: ``prompt_like`` over the text followed by example replies in the persona's
   voice (the target replies of some of the user's pairs, which the search then does not score):
   a small model imitates examples far better than it follows a description.
@@ -84,10 +90,13 @@ def exemplar_text(text: str, exemplars: Sequence[str]) -> str:
 
 def persona_banks(model, tokenizer, text: str, *, recipe: str = "prompt_like",
                   exemplars: Sequence[str] = (), counter_exemplars: Sequence[str] = (),
-                  name: str = "persona") -> BankSet:
+                  name: str = "persona", sink_reads_banks: bool = False) -> BankSet:
     """The bank set of ``recipe`` (:data:`RECIPES`) for ``text`` (and ``exemplars``, which the
     ``exemplars`` and ``contrast`` recipes need; ``counter_exemplars``, replies without the
-    persona, which ``contrast`` needs), as a system message, every layer, bank gain 1."""
+    persona, which ``contrast`` needs), as a system message, every layer, bank gain 1.
+    ``sink_reads_banks``: whether the conversation's first token reads the banks
+    (:class:`~hf_memory.banks.bank_set.BankSet`; False by default: a visible prompt comes after
+    it; True: what persona banks did before 2026-12-07, and shipped personas without the key)."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     spec = RECIPES[recipe]
@@ -109,7 +118,8 @@ def persona_banks(model, tokenizer, text: str, *, recipe: str = "prompt_like",
     if contrast:
         banks.append(bank(counter_exemplars, "counter_exemplars", "replies without the persona",
                           "reference", f"{name}-counter"))
-    return BankSet(banks, model=model, size_normalize=spec["size_normalize"], contrast=contrast)
+    return BankSet(banks, model=model, size_normalize=spec["size_normalize"], contrast=contrast,
+                   sink_reads_banks=sink_reads_banks)
 
 
 class PersonaFormatError(ValueError):
@@ -378,7 +388,8 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
                                                   probes=entry["probes"], **search)
         exemplars = [target for _, target, _ in examples]
         selector.config["bank_recipe"] = {"recipe": recipe, "text": text,
-                                          "exemplars": exemplars}
+                                          "exemplars": exemplars,
+                                          "sink_reads_banks": banks.sink_reads_banks}
         if banks.contrast:
             selector.config["bank_recipe"]["counter_exemplars"] = [r for _, _, r in examples]
         trial = _trial(recipe, selector, len(exemplars), limits["prompt_kv_bytes"])

@@ -97,7 +97,8 @@ def shipped_persona(model, tokenizer, name: str = DEMO_PERSONA):
                          f"--persona {name}")
     banks = persona_banks(model, tokenizer, spec["text"], recipe=spec["recipe"],
                           exemplars=spec.get("exemplars", ()),
-                          counter_exemplars=spec.get("counter_exemplars", ()))
+                          counter_exemplars=spec.get("counter_exemplars", ()),
+                          sink_reads_banks=spec.get("sink_reads_banks", True))
     with as_path(_persona_dir(name).joinpath("selector")) as path:
         selector = Selector.from_pretrained(path, model=model)
     caa = None
@@ -150,7 +151,8 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
         recipe = found.selector.config["bank_recipe"]
         spec.update(recipe=found.recipe, exemplars=recipe["exemplars"],
                     counter_exemplars=recipe.get("counter_exemplars", []),
-                    cost_budget=rule, budget=budget, every_layer=every_layer,
+                    sink_reads_banks=found.banks.sink_reads_banks, cost_budget=rule,
+                    budget=budget, every_layer=every_layer,
                     caa={"layer": caa["layer"], "scale": caa["scale"]}, trials=found.trials,
                     limits=found.limits)
         if recipes is not None:

@@ -37,6 +37,7 @@ from hf_memory.steering.mixture import (
     visible_keys,
 )
 from hf_memory.steering.rotary import pre_rope_query
+from hf_memory.steering.sink import keep_sink_plain
 from hf_memory.steering.stock_attention import attention_with_lse
 
 __all__ = ["ACTIVE_STEERING", "BASE_IMPLEMENTATIONS", "IMPL_PREFIX", "ROTARY_KWARG",
@@ -70,6 +71,7 @@ class SiteState:
     head_slots: HeadSlots | None = None  # the stack gathered for ``heads`` (log-sum-exp path)
     minus: BankStack | None = None  # a contrast site's reference bank (subtracted)
     minus_slots: HeadSlots | None = None
+    sink_reads_banks: bool = True  # False: a query that sees only itself keeps the stock output
 
 
 # The steering of the running call (None: plain). Each thread starts with none; asyncio tasks and
@@ -173,6 +175,19 @@ def _mixtures(q_pre, query, key, value, visible, site: SiteState, scaling: float
 def _steered_attention(base_name: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
+        output, weights, groups = steered(module, query, key, value, attention_mask,
+                                          scaling=scaling, dropout=dropout, **kwargs)
+        shielded = [rows for rows, site in groups if not site.sink_reads_banks
+                    and not site.trace_only]
+        if shielded:
+            keep_sink_plain(output, shielded, _base_attention(base_name, module), module, query,
+                            key, value, attention_mask,
+                            scaling=module.scaling if scaling is None else scaling, **kwargs)
+        return output, weights
+
+    def steered(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                **kwargs):
+        """The stock or steered attention output, its weights and the (rows, site) groups."""
         base = _base_attention(base_name, module)
         handle = kwargs.pop(STEERING_KWARG, _NOT_PASSED)
         rotary = kwargs.pop(ROTARY_KWARG, None)
@@ -180,8 +195,8 @@ def _steered_attention(base_name: str):
             handle = running_steering()
         groups = () if handle is None else handle._groups(module)
         if not groups:
-            return base(module, query, key, value, attention_mask, scaling=scaling,
-                        dropout=dropout, **kwargs)
+            return (*base(module, query, key, value, attention_mask, scaling=scaling,
+                          dropout=dropout, **kwargs), [])
         # eager: the query hook's capture; traced by torch.compile (where the hook does not
         # capture): recovered from the post-RoPE query
         q_pre = None if torch.compiler.is_compiling() else handle._take_query(module)
@@ -196,7 +211,7 @@ def _steered_attention(base_name: str):
         if REFERENCE not in forms:  # every site merges into the stock kernel's output
             if rows is None and not others and site.all_heads:  # one call, no stock call
                 return _mixed_by_lse(q_pre, query, key, value, attention_mask, site, scaling,
-                                     subset=False, form=forms[0]), None
+                                     subset=False, form=forms[0]), None, groups
             output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                    dropout=dropout, **kwargs)
             for (rows, site), form in zip(groups, forms, strict=True):
@@ -208,7 +223,7 @@ def _steered_attention(base_name: str):
                     q_pre[part], query[part], key[part], value[part], mask, site, scaling,
                     subset=True, form=form).to(output.dtype)
                 output[part] = steered
-            return output, weights
+            return output, weights, groups
         visible = visible_keys(attention_mask, query.shape[2], key.shape[2], query.device)
         if rows is not None or others:  # per-row banks: each group of rows under its own
             output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
@@ -220,20 +235,20 @@ def _steered_attention(base_name: str):
                 part = output[rows]
                 _write_steered(part, mixed, site, against)
                 output[rows] = part
-            return output, weights
+            return output, weights, groups
         mixed, against, routing = _mixtures(q_pre, query, key, value, visible, site, scaling,
                                             kwargs)
         if site.record_routing:
             site.routing.append(routing[:, site.heads].detach())
         if site.trace_only:
-            return base(module, query, key, value, attention_mask, scaling=scaling,
-                        dropout=dropout, **kwargs)
+            return (*base(module, query, key, value, attention_mask, scaling=scaling,
+                          dropout=dropout, **kwargs), groups)
         if site.all_heads and site.strength == 1.0 and against is None:
-            return mixed.transpose(1, 2).to(query.dtype), None
+            return mixed.transpose(1, 2).to(query.dtype), None, groups
         output, weights = base(module, query, key, value, attention_mask, scaling=scaling,
                                dropout=dropout, **kwargs)
         _write_steered(output, mixed, site, against)
-        return output, weights
+        return output, weights, groups
 
     return attention
 

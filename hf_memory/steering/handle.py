@@ -188,12 +188,13 @@ class SteeringHandle(CallSteering):
             device=parameter.device, dtype=torch.promote_types(parameter.dtype, torch.float32),
             layers=layers, units=units, unit_type=unit_type, layer_gains=gains, gamma=gamma,
             size_normalize=normalize)
-        sites = {layer: self._site_state(plan, parameter.device) for layer, plan in plans.items()}
+        sites = {layer: self._site_state(plan, parameter.device, bank_set.sink_reads_banks)
+                 for layer, plan in plans.items()}
         self.bank_set, self.sites = bank_set, {layer: plan.heads for layer, plan in plans.items()}
         self._bank_audit = bank_set.audit()  # hashed once: audit records reuse it
         self._publish(sites)
 
-    def _site_state(self, plan, device: torch.device) -> SiteState:
+    def _site_state(self, plan, device: torch.device, sink_reads_banks: bool) -> SiteState:
         heads = torch.tensor(plan.heads, device=device, dtype=torch.long)
         kv_index = head_slots = minus_slots = None
         if plan.stack is not None:
@@ -206,7 +207,8 @@ class SteeringHandle(CallSteering):
             gamma=plan.gamma, size_normalize=plan.size_normalize,
             record_routing=self._record_routing, trace_only=self._trace_only,
             strength=self._site_strength, path=self._mixture_path, kv_index=kv_index,
-            head_slots=head_slots, minus=plan.minus, minus_slots=minus_slots)
+            head_slots=head_slots, minus=plan.minus, minus_slots=minus_slots,
+            sink_reads_banks=sink_reads_banks)
 
     @property
     def _site_strength(self) -> float:

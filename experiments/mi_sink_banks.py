@@ -1,0 +1,88 @@
+"""What the conversation's first token reading the banks costs (``BankSet.sink_reads_banks``).
+
+The ``prompt_like`` bank of a shipped persona's text (the pirate of ``make demo`` by default),
+at each of a few layer sets and layer gains ρ, twice: with the first token reading the banks (the
+paper's injection, what persona banks did before 2026-12-07) and keeping the stock output
+(``sink_reads_banks=False``). Per configuration: its cost (ΔNLL per token of the shipped neutral
+text), the greedy replies to the demo's four questions (40 new tokens), the share of the
+persona's lexicon in them, their distinct-2 and repeated 4-grams, and the KV the banks carry as
+a fraction of the text's as a visible prompt; beside plain and the visible prompt. Rows are
+written as they come (``--out``, JSON lines).
+
+Usage: python -m experiments.mi_sink_banks [--persona pirate] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+
+from hf_memory import MemoryMethod, PromptMethod, load_default_model
+from hf_memory.baselines.methods import PlainMethod, generate_with
+from hf_memory.metrics.kv_accounting import prompt_kv_bytes
+from hf_memory.metrics.steering_cost import NeutralCost
+from hf_memory.metrics.text_quality import lexicon_rate, repetition
+from hf_memory.recipes.demo import DEFAULT_PROMPTS
+from hf_memory.recipes.persona import persona_banks
+from hf_memory.recipes.shipped import persona_json
+
+LAYER_SETS = {"all": range(0, 30), "from 12": range(12, 30), "from 15": range(15, 30),
+              "every 3rd": range(0, 30, 3)}
+GAINS = (0.0, 0.5, 1.0, 2.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--persona", default="pirate")
+    parser.add_argument("--out", default="sink_banks.jsonl")
+    args = parser.parse_args()
+    model, tokenizer = load_default_model()
+    spec = persona_json(args.persona)
+    text, lexicon = spec["text"], spec.get("lexicon") or []
+    cost = NeutralCost(model, tokenizer)
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    prompt_bytes = prompt_kv_bytes(model, ids)
+    prompts = list(DEFAULT_PROMPTS)
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; persona {args.persona!r}")
+
+    with open(args.out, "a") as out:
+        def row(label: str, method, kv_bytes: int, **extra) -> None:
+            start = time.perf_counter()
+            replies = generate_with(method, model, tokenizer, prompts, max_new_tokens=40)
+            quality = repetition(replies)
+            record = {"persona": args.persona, "method": label, **extra,
+                      "cost": cost.measure(method),
+                      "persona_words": lexicon_rate(replies, lexicon) if lexicon else None,
+                      "distinct_2": quality["distinct_2"],
+                      "repeated_4gram": quality["repeated_4gram"],
+                      "kv_fraction": kv_bytes / prompt_bytes, "replies": replies,
+                      "seconds": time.perf_counter() - start}
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            print(f"{label:44s} cost {record['cost']:+.3f} words "
+                  f"{record['persona_words'] or 0:.3f} distinct-2 {record['distinct_2']:.2f} "
+                  f"KV {record['kv_fraction']:.2f}x | {replies[1][:70]!r}", flush=True)
+
+        row("plain", PlainMethod(), 0)
+        row("prompt", PromptMethod(text, tokenizer=tokenizer), prompt_bytes)
+        for sink_reads in (True, False):
+            banks = persona_banks(model, tokenizer, text, recipe="prompt_like",
+                                  sink_reads_banks=sink_reads)
+            for name, layers in LAYER_SETS.items():
+                layers = list(layers)
+                kv_bytes = banks.head_bytes() * model.config.num_key_value_heads * len(layers)
+                for rho in GAINS:
+                    row(f"{'sink reads' if sink_reads else 'first token plain'}, {name}, "
+                        f"rho {rho:g}",
+                        MemoryMethod(banks, layers=layers,
+                                     layer_gains=dict.fromkeys(layers, rho)),
+                        kv_bytes, sink_reads_banks=sink_reads, layers=layers, rho=rho)
+
+
+if __name__ == "__main__":
+    main()
