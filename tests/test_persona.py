@@ -251,6 +251,13 @@ def test_the_screen_searches_only_the_recipe_whose_best_single_layer_scores_high
                               capability_ceiling=None, judge=False, progress=False)
     assert alone.selector.layers == found.selector.layers
     assert alone.selector.strength == found.selector.strength
+    assert found.banks.sink_reads_banks is False  # the default: the first token keeps off them
+    reading = calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=(found.recipe,),
+                                top_layers=1, unit_search=False, cost=cost, kv_ceiling=None,
+                                capability_ceiling=None, judge=False, progress=False,
+                                sink_reads_banks=True)
+    assert reading.banks.sink_reads_banks is True
+    assert reading.selector.config["bank_recipe"]["sink_reads_banks"] is True
 
 
 def test_calibrate_persona_contrast_recipe_uses_the_held_back_pairs_and_round_trips(

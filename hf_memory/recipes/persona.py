@@ -263,14 +263,15 @@ def _expected_trials(model, recipes: Sequence[str], top_layers: int, screen: boo
 
 
 def _exemplar_count(model, tokenizer, text: str, recipe: str, pairs, count: int,
-                    kv_ceiling: int | None):
+                    kv_ceiling: int | None, sink_reads_banks: bool):
     """``(scored pairs, exemplar pairs, banks)`` with the most exemplars (up to ``count``)
     whose banks leave room for :data:`MIN_KV_HEADS` KV heads under ``kv_ceiling``."""
     while True:
         scored, examples = split_pairs(pairs, count)
         banks = persona_banks(model, tokenizer, text, recipe=recipe,
                               exemplars=[t for _, t, _ in examples],
-                              counter_exemplars=[r for _, _, r in examples])
+                              counter_exemplars=[r for _, _, r in examples],
+                              sink_reads_banks=sink_reads_banks)
         per_head = banks.head_bytes()
         if kv_ceiling is None or count == 1 or MIN_KV_HEADS * per_head <= kv_ceiling:
             return scored, examples, banks
@@ -278,7 +279,7 @@ def _exemplar_count(model, tokenizer, text: str, recipe: str, pairs, count: int,
 
 
 def _recipe_banks(model, tokenizer, text: str, recipe: str, pairs, max_exemplars: int,
-                  kv_ceiling: int | None) -> dict[str, Any]:
+                  kv_ceiling: int | None, sink_reads_banks: bool) -> dict[str, Any]:
     """``{"recipe", "banks", "scored" (pairs to calibrate on), "examples" (exemplar pairs)}``,
     or ``{"recipe", "skipped": why}`` when one KV head of its banks is over ``kv_ceiling``."""
     examples: list = []
@@ -288,9 +289,10 @@ def _recipe_banks(model, tokenizer, text: str, recipe: str, pairs, max_exemplars
         if count < 1:
             raise ValueError(f"the {recipe} recipe needs at least 3 pairs, got {len(pairs)}")
         scored, examples, banks = _exemplar_count(model, tokenizer, text, recipe, pairs, count,
-                                                  kv_ceiling)
+                                                  kv_ceiling, sink_reads_banks)
     else:
-        banks = persona_banks(model, tokenizer, text, recipe=recipe)
+        banks = persona_banks(model, tokenizer, text, recipe=recipe,
+                              sink_reads_banks=sink_reads_banks)
     per_head = banks.head_bytes()
     if kv_ceiling is not None and per_head > kv_ceiling:
         return {"recipe": recipe, "skipped": f"one KV head of its banks at one layer is "
@@ -327,7 +329,7 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
                       kv_ceiling: float | None = DEFAULT_KV_CEILING,
                       capability_ceiling: float | str | None = "prompt", judge: bool = True,
                       screen: bool = True, progress: bool = True,
-                      **search: Any) -> PersonaSteering:
+                      sink_reads_banks: bool = False, **search: Any) -> PersonaSteering:
     """Banks and a frozen selector for the persona ``text``, calibrated on ``pairs``
     (``(prompt, reply in the persona, reply without it)``, ~20 or more).
 
@@ -348,6 +350,8 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     ``screen``: with several recipes, search fully only the one whose best single layer (every
     :data:`SCREEN_STRIDE`-th) scores highest (about half the time of three full searches; False:
     search each and keep the one that moves the validation pairs furthest).
+    ``sink_reads_banks``: whether the conversation's first token reads the banks (the module
+    docstring; True builds banks the vLLM plugin serves, except contrast sets).
     """
     check_pairs(pairs)
     pairs = list(pairs)
@@ -370,7 +374,7 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     built, skipped = [], []
     for recipe in dict.fromkeys(recipes):
         entry = _recipe_banks(model, tokenizer, text, recipe, pairs, max_exemplars,
-                              limits["kv_ceiling"])
+                              limits["kv_ceiling"], sink_reads_banks)
         (skipped if "skipped" in entry else built).append(entry)
     limited = dict(cost_budget=cost_budget, kv_ceiling=limits["kv_ceiling"],
                    capability=limits["capability"],
