@@ -10,8 +10,13 @@ the plain one does not (the checks of :mod:`experiments.guidance_rule_survey`). 
 answered greedily by plain, the visible rule and the memory it kept: compliance, the judge's
 score and KV against the prompt's.
 
+``--style-sheet``: long guidance instead of the one-line rule: the rule stated first and last in
+the help-desk style sheet of ``experiments/data/style_sheet.txt`` (436 tokens with the Spanish
+rule; fifteen rules, of which the language is the one a program checks), so the prompt's KV at
+every layer is what the banks at a few layers save (issue 78 asks for at least 10x less).
+
 Usage: python -m experiments.guidance_rule_banks [--rule spanish] [--kv-ceiling 0.1667 | 0]
-    [--pairs 20] [--out FILE]
+    [--style-sheet] [--pairs 20] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from hf_memory.recipes.demo import DEFAULT_PROMPTS
 from hf_memory.recipes.persona import calibrate_persona
 
 TRAIT_PAIRS = Path(__file__).resolve().parents[1] / "eval_harness/trait_steering/trait_pairs.json"
+STYLE_SHEET = Path(__file__).resolve().parent / "data" / "style_sheet.txt"
 
 
 def main() -> None:
@@ -37,11 +43,15 @@ def main() -> None:
     parser.add_argument("--kv-ceiling", type=float, default=1 / 6,
                         help="the banks' KV as a fraction of the rule's as a prompt (issue 78: "
                              "at least 6x less, 1/6; 0: no ceiling)")
+    parser.add_argument("--style-sheet", action="store_true",
+                        help="the rule inside a 436-token style sheet (long guidance)")
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/guidance_banks.jsonl"))
     args = parser.parse_args()
     text, check = RULES[args.rule]
+    if args.style_sheet:
+        text = STYLE_SHEET.read_text().format(rule=text)
     model, tokenizer = load_default_model()
     start = time.perf_counter()
     items = json.loads(TRAIT_PAIRS.read_text())["items"]
@@ -53,7 +63,9 @@ def main() -> None:
     pairs = [(q, t, p) for q, t, p in zip(questions, told, plain, strict=True)
              if check(t) and not check(p)]
     print(f"# rule {args.rule!r}: {len(pairs)} of {len(questions)} pairs kept")
-    row = {"rule": args.rule, "text": text, "pairs": len(pairs), "kv_ceiling": args.kv_ceiling}
+    row = {"rule": args.rule, "text": text, "pairs": len(pairs), "kv_ceiling": args.kv_ceiling,
+           "style_sheet": args.style_sheet,
+           "text_tokens": len(tokenizer(text, add_special_tokens=False).input_ids)}
     try:
         found = calibrate_persona(model, tokenizer, text, pairs,
                                   kv_ceiling=args.kv_ceiling or None)

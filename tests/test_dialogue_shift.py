@@ -369,6 +369,7 @@ def test_persona_recipes_give_each_style_its_own_banks_and_sites(tiny, tokenizer
     assert there.setup["caa"]["scale"] in (0.0, 1.0)  # within the cost budget, or none
     for style in ("anxious", "dismissive"):
         assert (tmp_path / f"{style}-persona" / "persona.json").is_file()
+    assert there.banks["new"].sink_reads_banks is False  # the first token keeps off them
     # a second run reuses the saved calls, unless they were made with other knobs
     again = calibrate_transition(tiny, tokenizer, "dismissive_to_anxious", config)
     assert again.selector.config == there.selector.config
@@ -379,6 +380,12 @@ def test_persona_recipes_give_each_style_its_own_banks_and_sites(tiny, tokenizer
     calibrate_transition(tiny, tokenizer, "dismissive_to_anxious", changed)
     assert json.loads((tmp_path / "anxious-persona" / "calibration.json").read_text())[
         "top_layers"] == 2
+    # a call saved before the first token was kept off the banks (no key) is made again
+    record = tmp_path / "anxious-persona" / "calibration.json"
+    made = json.loads(record.read_text())
+    record.write_text(json.dumps({k: v for k, v in made.items() if k != "sink_reads_banks"}))
+    calibrate_transition(tiny, tokenizer, "dismissive_to_anxious", changed)
+    assert json.loads(record.read_text()) == made
     kv = _guidance_kv(tiny, tokenizer, there)
     assert kv["memory"]["latent"] == there.selector.config["kv_bytes"]
     case = {**_tiny_case(), "old": "dismissive", "new": "anxious"}

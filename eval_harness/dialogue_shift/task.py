@@ -235,7 +235,8 @@ def _style_persona(model, tokenizer, style: str, descriptor: str, pairs, config,
 
     wanted = {"descriptor": descriptor, "pairs_sha256": pairs_digest(pairs),
               "recipes": list(config.persona_recipes), "cost_budget": config.cost_budget,
-              "top_layers": config.top_layers}
+              "top_layers": config.top_layers,
+              "sink_reads_banks": False}  # calls saved before the first token kept off: remade
     place = Path(config.selectors_dir) / f"{style}-persona" if config.selectors_dir else None
     if place is not None and (place / "calibration.json").is_file():
         try:
@@ -248,7 +249,7 @@ def _style_persona(model, tokenizer, style: str, descriptor: str, pairs, config,
     found = calibrate_persona(model, tokenizer, descriptor, pairs,
                               recipes=config.persona_recipes, cost_budget=config.cost_budget,
                               top_layers=config.top_layers, batch_size=config.batch_size,
-                              cost=cost, judge=False, progress=False)
+                              cost=cost, judge=False, progress=False, sink_reads_banks=False)
     if place is not None:
         found.save_pretrained(place)
         write_json(place / "calibration.json", wanted)
