@@ -10,11 +10,6 @@ Three recipes turn a persona text into banks (:data:`RECIPES`):
   At every layer this is close to the visible prompt (less its chat markers; the template's
   default system prompt stays); the budgeted search trades layers and KV groups for movement,
   and pushes ρ above 0 where the cost allows.
-
-Every recipe's banks keep the conversation's first token, the model's attention sink, off the
-slots by default (``sink_reads_banks=False``): beside a visible prompt it reads nothing but
-itself, and reading slots placed before it costs the embedded model up to 1.6 nats per neutral
-token at ρ = 0 (``hf_memory/README.md``).
 - ``exemplars``: ``prompt_like`` over the text followed by example replies in the persona's
   voice (the target replies of some of the user's pairs, which the search then does not score):
   a small model imitates examples far better than it follows a description.
@@ -22,6 +17,11 @@ token at ρ = 0 (``hf_memory/README.md``).
   by the replies without it (reference) to the same prompts, steering by the difference of their
   mixtures (:attr:`~hf_memory.banks.bank_set.BankSet.contrast`): what the two share (the text, the
   reply form) cancels, so a nat of neutral cost buys more movement (measured in BENCHMARKS.md).
+
+Every recipe's banks keep the conversation's first token, the model's attention sink, off the
+slots by default (``sink_reads_banks=False``): beside a visible prompt it reads nothing but
+itself, and reading slots placed before it costs the embedded model up to 1.6 nats per neutral
+token at ρ = 0 (``hf_memory/README.md``).
 
 :func:`calibrate_persona` builds each recipe, calibrates a budgeted behavioural selector for it
 (:meth:`~hf_memory.selection.selector.Selector.calibrate_behavioural`: the most movement within the
