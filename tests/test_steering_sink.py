@@ -9,11 +9,14 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hf_memory import BankSet, steer
 from hf_memory.banks.bank_set import BankSetFormatError
 from hf_memory.models.transformers_compat import cache_kwargs
+from hf_memory.steering.sink import sink_queries
 from tests.test_steering_lse_path import TOL, bank, padded_batch
 from tests.tiny_models import FAMILIES, tiny_model
 
@@ -142,3 +145,26 @@ def test_the_flag_round_trips_and_older_formats_stay_apart(tmp_path):
             BankSet.from_pretrained(tmp_path / "r")
     with pytest.raises(ValueError, match="sink_reads_banks must be True or False, got 0"):
         BankSet([bank("t", "target", 2, seed=1)], sink_reads_banks=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_the_sink_queries_are_the_rows_first_real_tokens_in_the_chunk(data):
+    """Left padding of any length, a chunk of any length after any cached prefix: the sink
+    queries are exactly the first real tokens that fall in the chunk."""
+    batch = data.draw(st.integers(1, 4))
+    length = data.draw(st.integers(1, 12))
+    cached = data.draw(st.integers(0, length - 1))
+    pads = data.draw(st.lists(st.integers(0, length - 1), min_size=batch, max_size=batch))
+    keys = torch.arange(length)
+    queries = torch.arange(cached, length)
+    visible = ((keys[None, None, :] <= queries[None, :, None])
+               & (keys[None, None, :] >= torch.tensor(pads)[:, None, None]))[:, None]
+    found = sink_queries(visible, batch, length - cached, length, torch.device("cpu"))
+    expected = sorted((b, pad - cached) for b, pad in enumerate(pads) if pad >= cached)
+    got = [] if found is None else sorted(zip(found[0].tolist(), found[1].tolist(), strict=True))
+    assert got == expected
+    if pads == [0] * batch:  # no padding: the model passes no mask at all
+        found = sink_queries(None, batch, length - cached, length, torch.device("cpu"))
+        got = [] if found is None else sorted(zip(*(t.tolist() for t in found), strict=True))
+        assert got == ([(b, 0) for b in range(batch)] if cached == 0 else [])

@@ -9,7 +9,8 @@ history beside it (:func:`~hf_memory.steering.mixture.bank_mixture`, the referen
 :mod:`hf_memory.steering.dispatch` picks per site. A contrast
 site (:attr:`~hf_memory.banks.bank_set.BankSet.contrast`) computes both mixtures from the same
 history and writes o_h + s·(o_{h,target} − o_{h,reference}). Layers and heads without a site call
-the stock function unchanged.
+the stock function unchanged. Where the bank set keeps the first token off the banks, its query
+keeps the stock output at every site (:mod:`hf_memory.steering.sink`).
 """
 
 from __future__ import annotations
@@ -179,10 +180,11 @@ def _steered_attention(base_name: str):
                                           scaling=scaling, dropout=dropout, **kwargs)
         shielded = [rows for rows, site in groups if not site.sink_reads_banks
                     and not site.trace_only]
-        if shielded:
+        if shielded:  # the stock function sees none of the steering's own keyword arguments
+            stock = {k: v for k, v in kwargs.items() if k not in (STEERING_KWARG, ROTARY_KWARG)}
             keep_sink_plain(output, shielded, _base_attention(base_name, module), module, query,
                             key, value, attention_mask,
-                            scaling=module.scaling if scaling is None else scaling, **kwargs)
+                            scaling=module.scaling if scaling is None else scaling, **stock)
         return output, weights
 
     def steered(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
