@@ -13,10 +13,13 @@ score and KV against the prompt's.
 ``--style-sheet``: long guidance instead of the one-line rule: the rule stated first and last in
 the help-desk style sheet of ``experiments/data/style_sheet.txt`` (436 tokens with the Spanish
 rule; fifteen rules, of which the language is the one a program checks), so the prompt's KV at
-every layer is what the banks at a few layers save (issue 78 asks for at least 10x less).
+every layer is what the banks at a few layers save (issue 78 asks for at least 10x less). With
+``--sheet-check frame`` compliance is the sheet's frame instead of its language rule: a reply
+that speaks as the library's help desk (it names the library), which the model does under the
+sheet as a prompt where it does not answer in Spanish.
 
 Usage: python -m experiments.guidance_rule_banks [--rule spanish] [--kv-ceiling 0.1667 | 0]
-    [--style-sheet] [--pairs 20] [--out FILE]
+    [--style-sheet [--sheet-check frame]] [--pairs 20] [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ TRAIT_PAIRS = Path(__file__).resolve().parents[1] / "eval_harness/trait_steering
 STYLE_SHEET = Path(__file__).resolve().parent / "data" / "style_sheet.txt"
 
 
+def speaks_for_the_library(reply: str) -> bool:
+    """The style sheet's frame: the reply names the library it speaks for."""
+    return "library" in reply.lower()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rule", choices=sorted(RULES), default="spanish")
@@ -45,6 +53,9 @@ def main() -> None:
                              "at least 6x less, 1/6; 0: no ceiling)")
     parser.add_argument("--style-sheet", action="store_true",
                         help="the rule inside a 436-token style sheet (long guidance)")
+    parser.add_argument("--sheet-check", choices=("rule", "frame"), default="rule",
+                        help="with --style-sheet: check the rule's own compliance, or that the "
+                             "reply speaks as the sheet's help desk (names the library)")
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/guidance_banks.jsonl"))
@@ -52,6 +63,8 @@ def main() -> None:
     text, check = RULES[args.rule]
     if args.style_sheet:
         text = STYLE_SHEET.read_text().format(rule=text)
+        if args.sheet_check == "frame":
+            check = speaks_for_the_library
     model, tokenizer = load_default_model()
     start = time.perf_counter()
     items = json.loads(TRAIT_PAIRS.read_text())["items"]
@@ -64,7 +77,7 @@ def main() -> None:
              if check(t) and not check(p)]
     print(f"# rule {args.rule!r}: {len(pairs)} of {len(questions)} pairs kept")
     row = {"rule": args.rule, "text": text, "pairs": len(pairs), "kv_ceiling": args.kv_ceiling,
-           "style_sheet": args.style_sheet,
+           "style_sheet": args.style_sheet, "sheet_check": args.sheet_check,
            "text_tokens": len(tokenizer(text, add_special_tokens=False).input_ids)}
     try:
         found = calibrate_persona(model, tokenizer, text, pairs,
