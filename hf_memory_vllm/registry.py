@@ -251,11 +251,6 @@ def _check_size(name: str, bank_set, limit: int) -> None:
     if bank_set.contrast:
         raise RegistryError(f"bank set {name!r} is a contrast set (BankSet.contrast), which the "
                             "vLLM plugin does not serve yet; steer it with hf_memory.steer")
-    if not bank_set.sink_reads_banks:
-        raise RegistryError(f"bank set {name!r} keeps the first token off its banks "
-                            "(BankSet.sink_reads_banks is False), which the vLLM plugin does not "
-                            "serve yet; steer it with hf_memory.steer, or build the banks with "
-                            "sink_reads_banks=True (calibrate_persona, persona_banks)")
     slot_layers, nbytes = bank_set_size(bank_set)
     if slot_layers > limit:
         raise RegistryError(f"bank set {name!r} holds {slot_layers:,} slot-layers (bank slots x "

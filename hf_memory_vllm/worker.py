@@ -85,6 +85,7 @@ class _Site:
     gamma: float
     size_normalize: bool
     strength: float = 1.0
+    sink_reads_banks: bool = True  # False: a sequence's first token keeps the stock output
 
 
 def _index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
@@ -165,6 +166,16 @@ class _Group:
             rows[self.index, heads] = steered[:, heads]
         else:
             rows[self.index[:, None], heads] = steered[:, heads]
+
+    @functools.cached_property
+    def sink_rows(self) -> list[int]:
+        """The token rows of this pass that are a sequence's first token (its attention sink: it
+        sees no key but its own), which a bank set with ``sink_reads_banks=False`` leaves on the
+        stock output (:mod:`hf_memory.steering.sink`); found once per pass, read per layer."""
+        if self.decoding:  # a one-token prompt is scheduled as one query
+            return [row for row, length in zip(self.rows, self.lengths, strict=True)
+                    if length == 1]
+        return [self.rows[0]] if self.lengths[0] == len(self.rows) else []
 
     def history(self, window: int | None, size_normalize: bool):
         """``(blocks [n·B], width, bias)``, on the group's device: the cache blocks holding every
@@ -406,14 +417,14 @@ class WorkerSteering:
                            dtype=torch.promote_types(parameter.dtype, torch.float32),
                            **site_args)
         strength = 1.0 if selector is None else selector.strength  # the selector's dial
-        sites = {layer: self._shard(plan, strength) for layer, plan in plans.items()
-                 if plan.stack is not None and strength > 0}
+        sites = {layer: self._shard(plan, strength, bank_set.sink_reads_banks)
+                 for layer, plan in plans.items() if plan.stack is not None and strength > 0}
         sites = {layer: site for layer, site in sites.items()  # no head of it on this rank
                  if isinstance(site.heads, slice) or len(site.heads)}
         self._plans[request.key] = sites
         return sites
 
-    def _shard(self, plan: SitePlan, strength: float) -> _Site:
+    def _shard(self, plan: SitePlan, strength: float, sink_reads_banks: bool) -> _Site:
         """This rank's KV heads of the banks and its query heads, renumbered locally."""
         first_head = self.tp_rank * self.heads
         heads = [h - first_head for h in plan.heads if first_head <= h < first_head + self.heads]
@@ -423,7 +434,8 @@ class WorkerSteering:
         index = (slice(None) if heads == list(range(self.heads)) else
                  torch.tensor(heads, dtype=torch.long, device=stack.keys.device))
         return _Site(heads=index, stack=stack, gamma=plan.gamma,
-                     size_normalize=plan.size_normalize, strength=strength)
+                     size_normalize=plan.size_normalize, strength=strength,
+                     sink_reads_banks=sink_reads_banks)
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -550,7 +562,11 @@ class WorkerSteering:
                             group.queries(query), history, bias, site.stack,
                             scaling=scaling, gamma=site.gamma, softcap=softcap,
                             strength=site.strength)
+            sinks = [] if site.sink_reads_banks else group.sink_rows
+            kept = output[sinks].clone() if sinks else None  # vLLM's own output for them
             group.put(output, site.heads, mixed)
+            if kept is not None:
+                output[sinks] = kept
 
     def _shadow_cache(self, layer: int, attention: nn.Module):
         """Keys of every cache slot at ``layer``, KV-head major: ``[KVH, slots, D]`` and the same

@@ -136,15 +136,6 @@ def test_contrast_bank_sets_are_refused_by_name_when_written(tmp_path):
     assert not (tmp_path / "registry.json").exists()
 
 
-def test_bank_sets_the_first_token_does_not_read_are_refused_by_name_when_written(tmp_path):
-    model = tiny_llama()
-    BankSet([_bank(model, 0)], model=model, sink_reads_banks=False).save_pretrained(tmp_path / "s")
-    with pytest.raises(RegistryError, match="'s' keeps the first token off its banks .* "
-                                            "hf_memory.steer"):
-        write_registry(tmp_path / "registry.json", model, {"s": tmp_path / "s"})
-    assert not (tmp_path / "registry.json").exists()
-
-
 def test_bank_sets_past_the_size_limit_are_refused_when_written_and_when_requested(registry,
                                                                                     tmp_path):
     loaded, root = registry

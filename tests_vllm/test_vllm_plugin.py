@@ -177,17 +177,23 @@ def tiny(request, tmp_path_factory):
                            random_bank(model, "down", "reference", 3, layers=(1, 2),
                                        positions=torch.arange(6) * 7)],
                           model=model)
+    # the first token keeps the stock output (the persona recipes' banks)
+    shielded = BankSet([random_bank(model, "up", "target", 4)], model=model,
+                       sink_reads_banks=False)
     target.save_pretrained(root / "target")
     contrastive.save_pretrained(root / "contrastive")
+    shielded.save_pretrained(root / "shielded")
     # a selector at part strength (the dial a cost-budgeted calibration freezes), one KV group
     # at layer 0 and both at layer 2
     Selector(layers=[0, 2], units={0: [1], 2: [0, 1]}, unit_type="kv_group",
              layer_gains={0: 1.0, 2: 1.0}, candidate_layers=[0, 1, 2],
              strength=0.5).save_pretrained(root / "half")
     registry = write_registry(root / "registry.json", model,
-                              {"target": root / "target", "contrastive": root / "contrastive"},
+                              {"target": root / "target", "contrastive": root / "contrastive",
+                               "shielded": root / "shielded"},
                               selectors={"half": root / "half"})
-    return model, root, registry, {"target": target, "contrastive": contrastive}
+    return model, root, registry, {"target": target, "contrastive": contrastive,
+                                   "shielded": shielded}
 
 
 def tiny_prompts() -> list[list[int]]:
@@ -199,7 +205,7 @@ def test_tiny_models_steered_unsteered_and_mixed_match_transformers(tiny):
     model, root, registry, bank_sets = tiny
     prompts = tiny_prompts()
     cases = [(None, None), ("target", None), ("contrastive", None), ("contrastive", 0.5),
-             ("target", "half")]
+             ("target", "half"), ("shielded", None)]
     expected = {}
     for name, scale in cases:
         for i, prompt in enumerate(prompts):
@@ -212,6 +218,10 @@ def test_tiny_models_steered_unsteered_and_mixed_match_transformers(tiny):
                 steering = {"banks": bank_sets[name], "layer_gains": gains}
             expected[name, scale, i] = hf_greedy(model, prompt, steering)
     assert expected["target", None, 1][0] != expected[None, None, 1][0]  # the banks steer
+    # the same bank read by the first token or not: different log-probs (so the case tells)
+    shielded_reading = hf_greedy(model, prompts[1], {"banks": BankSet(
+        bank_sets["shielded"].banks, model=model)})
+    assert shielded_reading[1] != expected["shielded", None, 1][1]
     # ...and the half-strength selector is neither the plain model nor the full mixture
     assert expected["target", "half", 1][1] not in (expected[None, None, 1][1],
                                                     expected["target", None, 1][1])

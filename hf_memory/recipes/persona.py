@@ -351,7 +351,7 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     :data:`SCREEN_STRIDE`-th) scores highest (about half the time of three full searches; False:
     search each and keep the one that moves the validation pairs furthest).
     ``sink_reads_banks``: whether the conversation's first token reads the banks (the module
-    docstring; True builds banks the vLLM plugin serves, except contrast sets).
+    docstring; True: the paper's injection, as the shipped personas were calibrated).
     """
     check_pairs(pairs)
     pairs = list(pairs)
