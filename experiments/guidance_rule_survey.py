@@ -8,7 +8,8 @@ restricted to English and the rule's language, a regular expression, a count); t
 each rule's compliance with the prompt and without it, sorted by the lift. A rule the prompt
 makes the model follow in at least half of the replies is a candidate for the guidance task.
 
-Usage: python -m experiments.guidance_rule_survey [--max-new-tokens 48] [--out FILE]
+Usage: python -m experiments.guidance_rule_survey [--model gemma3-270m] [--max-new-tokens 48]
+    [--out FILE]
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hf_memory import PlainMethod, PromptMethod, load_default_model
+from hf_memory import PlainMethod, PromptMethod
 from hf_memory.baselines.methods import generate_with
+from hf_memory.models.default_model import DEFAULT_MODEL
+from hf_memory.models.embedded import EMBEDDED_MODELS, load_embedded_model
 from hf_memory.recipes.calibration_data import calibration_prompts
 from hf_memory.recipes.demo import DEFAULT_PROMPTS
 
@@ -80,10 +83,12 @@ RULES: dict[str, tuple[str, Callable[[str], bool]]] = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(EMBEDDED_MODELS), default=DEFAULT_MODEL,
+                        help="an embedded model (gemma3-270m: the base model, no chat tuning)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/guidance_rules.jsonl"))
     args = parser.parse_args()
-    model, tokenizer = load_default_model()
+    model, tokenizer = load_embedded_model(args.model)
     prompts = calibration_prompts() + list(DEFAULT_PROMPTS)
     start = time.perf_counter()
     plain = generate_with(PlainMethod(), model, tokenizer, prompts,
@@ -93,7 +98,7 @@ def main() -> None:
     for name, (text, check) in RULES.items():
         replies = generate_with(PromptMethod(text, tokenizer=tokenizer), model, tokenizer,
                                 prompts, max_new_tokens=args.max_new_tokens)
-        row = {"rule": name, "text": text, "prompts": len(prompts),
+        row = {"model": args.model, "rule": name, "text": text, "prompts": len(prompts),
                "prompt": sum(map(check, replies)) / len(prompts),
                "plain": sum(map(check, plain)) / len(prompts),
                "example": replies[0], "replies": replies}
