@@ -23,7 +23,7 @@ import torch
 
 from hf_memory import MemoryMethod, PromptMethod, load_default_model
 from hf_memory.baselines.methods import PlainMethod, generate_with
-from hf_memory.metrics.kv_accounting import prompt_kv_bytes
+from hf_memory.metrics.kv_accounting import kv_footprint
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.metrics.text_quality import lexicon_rate, repetition
 from hf_memory.recipes.demo import DEFAULT_PROMPTS
@@ -45,13 +45,12 @@ def main() -> None:
     text, lexicon = spec["text"], spec.get("lexicon") or []
     cost = NeutralCost(model, tokenizer)
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-    prompt_bytes = prompt_kv_bytes(model, ids)
     prompts = list(DEFAULT_PROMPTS)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; persona {args.persona!r}")
 
     with open(args.out, "a") as out:
-        def row(label: str, method, kv_bytes: int, **extra) -> None:
+        def row(label: str, method, kv_fraction: float, **extra) -> None:
             start = time.perf_counter()
             replies = generate_with(method, model, tokenizer, prompts, max_new_tokens=40)
             quality = repetition(replies)
@@ -60,7 +59,7 @@ def main() -> None:
                       "persona_words": lexicon_rate(replies, lexicon) if lexicon else None,
                       "distinct_2": quality["distinct_2"],
                       "repeated_4gram": quality["repeated_4gram"],
-                      "kv_fraction": kv_bytes / prompt_bytes, "replies": replies,
+                      "kv_fraction": kv_fraction, "replies": replies,
                       "seconds": time.perf_counter() - start}
             out.write(json.dumps(record) + "\n")
             out.flush()
@@ -68,20 +67,20 @@ def main() -> None:
                   f"{record['persona_words'] or 0:.3f} distinct-2 {record['distinct_2']:.2f} "
                   f"KV {record['kv_fraction']:.2f}x | {replies[1][:70]!r}", flush=True)
 
-        row("plain", PlainMethod(), 0)
-        row("prompt", PromptMethod(text, tokenizer=tokenizer), prompt_bytes)
+        row("plain", PlainMethod(), 0.0)
+        row("prompt", PromptMethod(text, tokenizer=tokenizer), 1.0)
         for sink_reads in (True, False):
             banks = persona_banks(model, tokenizer, text, recipe="prompt_like",
                                   sink_reads_banks=sink_reads)
             for name, layers in LAYER_SETS.items():
                 layers = list(layers)
-                kv_bytes = banks.head_bytes() * model.config.num_key_value_heads * len(layers)
+                kv_fraction = 1 / kv_footprint(model, banks, ids, layers=layers).actual_ratio
                 for rho in GAINS:
                     row(f"{'sink reads' if sink_reads else 'first token plain'}, {name}, "
                         f"rho {rho:g}",
                         MemoryMethod(banks, layers=layers,
                                      layer_gains=dict.fromkeys(layers, rho)),
-                        kv_bytes, sink_reads_banks=sink_reads, layers=layers, rho=rho)
+                        kv_fraction, sink_reads_banks=sink_reads, layers=layers, rho=rho)
 
 
 if __name__ == "__main__":

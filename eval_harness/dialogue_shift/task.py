@@ -249,7 +249,8 @@ def _style_persona(model, tokenizer, style: str, descriptor: str, pairs, config,
     found = calibrate_persona(model, tokenizer, descriptor, pairs,
                               recipes=config.persona_recipes, cost_budget=config.cost_budget,
                               top_layers=config.top_layers, batch_size=config.batch_size,
-                              cost=cost, judge=False, progress=False, sink_reads_banks=False)
+                              cost=cost, judge=False, progress=False,
+                              sink_reads_banks=wanted["sink_reads_banks"])
     if place is not None:
         found.save_pretrained(place)
         write_json(place / "calibration.json", wanted)
