@@ -9,7 +9,11 @@ persona's lexicon in them, their distinct-2 and repeated 4-grams, and the KV the
 a fraction of the text's as a visible prompt; beside plain and the visible prompt. Rows are
 written as they come (``--out``, JSON lines).
 
-Usage: python -m experiments.mi_sink_banks [--persona pirate] [--out FILE]
+``--layers 12-29,14-29 --gains 0.25,0.5 --first-token plain`` sweeps other contiguous bands,
+gains and one of the two settings instead of the default grid.
+
+Usage: python -m experiments.mi_sink_banks [--persona pirate] [--layers A-B,...] [--gains G,...]
+    [--first-token reads|plain|both] [--out FILE]
 """
 
 from __future__ import annotations
@@ -33,11 +37,26 @@ from hf_memory.recipes.shipped import persona_json
 LAYER_SETS = {"all": range(0, 30), "from 12": range(12, 30), "from 15": range(15, 30),
               "every 3rd": range(0, 30, 3)}
 GAINS = (0.0, 0.5, 1.0, 2.0)
+FIRST_TOKEN = {"reads": (True,), "plain": (False,), "both": (True, False)}
+
+
+def bands(text: str) -> dict[str, range]:
+    """``"12-29,14-29"`` → contiguous layer bands by name."""
+    found = {}
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        found[f"{int(first)}-{int(last)}"] = range(int(first), int(last) + 1)
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--persona", default="pirate")
+    parser.add_argument("--layers", type=bands, default=LAYER_SETS,
+                        help="contiguous bands, e.g. 12-29,14-29 (default: four layer sets)")
+    parser.add_argument("--gains", type=lambda t: [float(g) for g in t.split(",")],
+                        default=GAINS, help="layer gains rho (default: 0,0.5,1,2)")
+    parser.add_argument("--first-token", choices=sorted(FIRST_TOKEN), default="both")
     parser.add_argument("--out", default="sink_banks.jsonl")
     args = parser.parse_args()
     model, tokenizer = load_default_model()
@@ -69,13 +88,13 @@ def main() -> None:
 
         row("plain", PlainMethod(), 0.0)
         row("prompt", PromptMethod(text, tokenizer=tokenizer), 1.0)
-        for sink_reads in (True, False):
+        for sink_reads in FIRST_TOKEN[args.first_token]:
             banks = persona_banks(model, tokenizer, text, recipe="prompt_like",
                                   sink_reads_banks=sink_reads)
-            for name, layers in LAYER_SETS.items():
+            for name, layers in args.layers.items():
                 layers = list(layers)
                 kv_fraction = 1 / kv_footprint(model, banks, ids, layers=layers).actual_ratio
-                for rho in GAINS:
+                for rho in args.gains:
                     row(f"{'sink reads' if sink_reads else 'first token plain'}, {name}, "
                         f"rho {rho:g}",
                         MemoryMethod(banks, layers=layers,
