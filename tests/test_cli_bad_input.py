@@ -108,7 +108,11 @@ BAD_INPUTS = [
      "is not valid JSON"),
     (["eval", "dialogue-shift", "--cases", "{tmp}/no_shift.json", "--out", OUT],
      "case mine: no shift turn"),
-    (["eval", "guidance", "--rules", "one_word,haiku", "--out", OUT], "choose from"),
+    (["eval", "guidance", "--rules", "one_word,haiku", "--out", OUT], "unknown rule 'haiku'"),
+    (["eval", "guidance", "--rule-file", "{tmp}/no_examples.json", "--out", OUT],
+     "rule 'haiku' has no examples"),
+    (["eval", "guidance", "--rule-file", "{tmp}/corrupt.json", "--out", OUT],
+     "is not valid JSON"),
     (["eval", "asm-refinement", "--model", "{tmp}/llama", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/missing", "--out", OUT], "cannot load model"),
     (["eval", "kv-footprint", "--model", "{tmp}/banks", "--out", OUT], "cannot load model"),
@@ -140,6 +144,8 @@ def inputs(tmp_path):
     """Malformed files beside the test's output folder (which must never be created)."""
     (tmp_path / "corrupt.json").write_text('{"task": "bigfive", "payl')
     (tmp_path / "other.json").write_text('{"a list": [1, 2, 3]}')
+    (tmp_path / "no_examples.json").write_text(
+        '{"rules": {"haiku": {"text": "Answer in a haiku.", "items": []}}}')
     (tmp_path / "no_shift.json").write_text(
         '[{"id": "mine", "old": "warm", "new": "assertive", "turns": 2, "user": ["a", "b"]}]')
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")

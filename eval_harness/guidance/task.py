@@ -19,6 +19,18 @@ method, on the held-out questions:
   beside it, the replies' repetition (:func:`~hf_memory.metrics.text_quality.repetition`: mean
   distinct-2 and repeated-4-gram share).
 
+Your own rules (``rule_file``, ``--rule-file``): a JSON file in the shipped form
+(:mod:`~eval_harness.guidance.rules`), each rule with its text and example pairs. Their
+generation compliance is judged by a :class:`~hf_memory.metrics.reply_judge.ReplyJudge` fitted
+on the rule's examples (compliant against violating replies); a judge under 0.8 held-out
+accuracy judges nothing and the report says why.
+
+Today's method (``persona_recipes``): the rule's banks and sites come from the one-line persona
+call (:func:`~hf_memory.recipes.persona.calibrate_persona`: the rule's text, its calibration
+items as pairs, the recipes screened within ``cost_budget`` and ``kv_ceiling``, a fraction of the
+rule's KV as a visible prompt: 1/6 by default, the 6x saving issue 78 asks of guidance banks).
+Every setup records the KV the memory carries beside the rule's as a visible prompt.
+
 Intervals: 95 % bootstrap over questions. The paper's structured-reasoning guidance banks
 (HARDMath / PHYSICS heuristic cards) are in :mod:`~eval_harness.heuristic_cards.task`, for users'
 models and data.
@@ -26,11 +38,9 @@ models and data.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -39,42 +49,43 @@ from tqdm.auto import tqdm
 
 from hf_memory import BankSet, MemoryBank, MemoryMethod, Method, PlainMethod, PromptMethod
 from hf_memory.baselines.methods import generate_with_each
+from hf_memory.metrics.kv_accounting import kv_footprint, prompt_kv_bytes
 from hf_memory.metrics.likelihood import reply_logprobs
 from hf_memory.metrics.text_quality import repetition
+from hf_memory.recipes.persona_recipes import RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
+from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
 
 from ..directions import behavioural_selector
 from ..intervals import mean_interval
 from ..names import RULES, check_positive_ints
+from .rules import load_rule_file, shipped_rules
 
 __all__ = ["RULES", "GuidanceConfig", "RuleJudge", "rule_items", "rule_text", "run_guidance",
            "validate_rule_judge"]
 
-RULES_PATH = Path(__file__).parent / "guidance_rules.json"
 GUIDANCE_METHODS = ("plain", "prompt", "memory")
+RULE_KV_CEILING = 1 / 6  # issue 78: guidance banks at 6x less KV than the visible rule at least
 
 
-@cache
-def _data() -> dict[str, Any]:
-    return json.loads(RULES_PATH.read_text())
+def _rule(rule: str, rules: Mapping[str, Any] | None) -> dict[str, Any]:
+    rules = shipped_rules() if rules is None else rules
+    if rule not in rules:
+        raise ValueError(f"unknown rule {rule!r}; known: {', '.join(rules)}")
+    return rules[rule]
 
 
-def _check_rule(rule: str) -> None:
-    if rule not in RULES:
-        raise ValueError(f"unknown rule {rule!r}; known: {', '.join(RULES)}")
+def rule_text(rule: str, rules: Mapping[str, Any] | None = None) -> str:
+    """The rule as an instruction (bank text and system prompt); ``rules``: a rule file's
+    (:func:`~eval_harness.guidance.rules.load_rule_file`), else the shipped ones."""
+    return _rule(rule, rules)["text"]
 
 
-def rule_text(rule: str) -> str:
-    """The rule as an instruction (bank text and system prompt)."""
-    _check_rule(rule)
-    return _data()["rules"][rule]["text"]
-
-
-def rule_items(rule: str, calibration_items: int = 12) -> tuple[list[dict], list[dict]]:
+def rule_items(rule: str, calibration_items: int = 12, rules: Mapping[str, Any] | None = None
+               ) -> tuple[list[dict], list[dict]]:
     """(calibration items, held-out items) of ``rule``: dicts with question, compliant,
     violating."""
-    _check_rule(rule)
-    items = _data()["rules"][rule]["items"]
+    items = _rule(rule, rules)["items"]
     if (isinstance(calibration_items, bool) or not isinstance(calibration_items, int)
             or not 1 <= calibration_items < len(items)):
         raise ValueError(f"calibration_items must be an integer in [1, {len(items) - 1}], got "
@@ -113,7 +124,7 @@ class RuleJudge:
             return "unknown"
 
     def complies(self, rule: str, response: str) -> bool:
-        _check_rule(rule)
+        _rule(rule, None)
         text = response.strip()
         if rule == "one_word":
             return re.fullmatch(r"[^\W\d_]+(?:['-][^\W\d_]+)*[.!]?", text) is not None
@@ -127,7 +138,7 @@ def validate_rule_judge(judge: RuleJudge) -> dict[str, Any]:
     = follows the rule, violating = breaks it)."""
     result = {}
     for rule in RULES:
-        items = _data()["rules"][rule]["items"]
+        items = shipped_rules()[rule]["items"]
         right = sum(judge.complies(rule, i["compliant"]) for i in items)
         right += sum(not judge.complies(rule, i["violating"]) for i in items)
         result[rule] = {"agreement": right / (2 * len(items)), "labelled": 2 * len(items)}
@@ -136,9 +147,11 @@ def validate_rule_judge(judge: RuleJudge) -> dict[str, Any]:
 
 @dataclass
 class GuidanceConfig:
-    """Knobs of the task (recorded in the results)."""
+    """Knobs of the task (recorded in the results). ``rules``: names among the shipped rules, or
+    among ``rule_file``'s (None: all of them)."""
 
-    rules: Sequence[str] = RULES
+    rules: Sequence[str] | None = None
+    rule_file: str | None = None
     methods: Sequence[str] = GUIDANCE_METHODS
     calibration_items: int = 12
     drift_items: int = 2
@@ -152,41 +165,117 @@ class GuidanceConfig:
     num_bootstrap: int = 1000
     seed: int = 0
     selectors_dir: str | None = None
+    persona_recipes: Sequence[str] | None = None
+    cost_budget: float = DEFAULT_COST_BUDGET
+    kv_ceiling: float | None = RULE_KV_CEILING
 
     def __post_init__(self) -> None:
+        known = self.source()
+        self.rules = list(known) if self.rules is None else list(self.rules)
         if not self.rules:
             raise ValueError("give at least one rule")
         for rule in self.rules:
-            _check_rule(rule)
+            _rule(rule, known)
         if not self.methods or "plain" not in self.methods or any(
                 m not in GUIDANCE_METHODS for m in self.methods):
             raise ValueError(f"methods must be among {', '.join(GUIDANCE_METHODS)} and include "
                              f"'plain'; got {list(self.methods)}")
         check_positive_ints(self, ("calibration_items", "drift_items", "max_new_tokens",
                                    "top_layers", "batch_size", "num_bootstrap"))
-        self.rules, self.methods = list(self.rules), list(self.methods)
+        for rule in self.rules:  # each rule keeps questions held out
+            rule_items(rule, self.calibration_items, known)
+        if self.persona_recipes is not None:
+            self.persona_recipes = check_recipes(self.persona_recipes, "persona_recipes")
+            if any(RECIPES[r]["exemplars"] for r in self.persona_recipes) \
+                    and self.calibration_items < 3:
+                raise ValueError("the exemplars and contrast recipes take example replies from "
+                                 "the calibration items: give at least 3, got "
+                                 f"{self.calibration_items}")
+        if isinstance(self.cost_budget, bool) or not isinstance(self.cost_budget, int | float) \
+                or not self.cost_budget >= 0:
+            raise ValueError(f"cost_budget must be a number of nats per token >= 0, got "
+                             f"{self.cost_budget!r}")
+        if self.kv_ceiling is not None and (
+                isinstance(self.kv_ceiling, bool) or not isinstance(self.kv_ceiling, int | float)
+                or not self.kv_ceiling > 0):
+            raise ValueError("kv_ceiling is a fraction of the rule's KV as a prompt above 0, or "
+                             f"None; got {self.kv_ceiling!r}")
+        self.methods = list(self.methods)
+
+    def source(self) -> dict[str, dict[str, Any]]:
+        """The rules by name: ``rule_file``'s, else the shipped ones."""
+        return shipped_rules() if self.rule_file is None else load_rule_file(self.rule_file)
 
 
-def calibrate_rule(model, tokenizer, rule: str, config: GuidanceConfig
+def _triples(items: Sequence[dict]) -> list[tuple[str, str, str]]:
+    return [(i["question"], i["compliant"], i["violating"]) for i in items]
+
+
+def calibrate_rule(model, tokenizer, rule: str, config: GuidanceConfig,
+                   rules: Mapping[str, Any] | None = None
                    ) -> tuple[dict[str, Method], dict[str, Any]]:
-    """The rule's prompt and memory (its bank at a behavioural selector calibrated on the
-    calibration items, the other rules' first ``drift_items`` as drift)."""
-    calibration, _ = rule_items(rule, config.calibration_items)
-    pairs = [(i["question"], i["compliant"], i["violating"]) for i in calibration]
-    drift = {other: [(i["question"], i["compliant"], i["violating"])
-                     for i in rule_items(other, config.calibration_items)[0][:config.drift_items]]
-             for other in RULES if other != rule}
-    text = rule_text(rule)
-    bank = MemoryBank.from_text(model, tokenizer, text, role="target", name="rule",
-                                template="{text}", context="system")
-    banks = BankSet([bank], model=model)
-    selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config,
-                                    f"rule-{rule}")
+    """The rule's prompt and memory: its bank at a behavioural selector calibrated on the
+    calibration items, the other rules' first ``drift_items`` as drift; or with
+    ``config.persona_recipes`` the one-line persona call on the calibration items. ``rules``:
+    the run's rules (default: ``config.source()``). The setup records the memory's sites and its
+    KV beside the rule's as a visible prompt."""
+    rules = config.source() if rules is None else rules
+    calibration, _ = rule_items(rule, config.calibration_items, rules)
+    pairs = _triples(calibration)
+    text = rule_text(rule, rules)
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    if config.persona_recipes:
+        from hf_memory.recipes.persona import calibrate_persona
+
+        found = calibrate_persona(model, tokenizer, text, pairs, recipes=config.persona_recipes,
+                                  cost_budget=config.cost_budget, kv_ceiling=config.kv_ceiling,
+                                  top_layers=config.top_layers, batch_size=config.batch_size,
+                                  judge=False, progress=False)
+        memory, selector = found.method(), found.selector
+        latent = selector.config["kv_bytes"]  # the steered KV heads, as the search counted them
+        described = {"recipe": found.recipe, "cost": selector.config["best"].get("cost")}
+    else:
+        bank = MemoryBank.from_text(model, tokenizer, text, role="target", name="rule",
+                                    template="{text}", context="system")
+        banks = BankSet([bank], model=model)
+        drift = {other: _triples(rule_items(other, config.calibration_items, rules)[0]
+                                 [:config.drift_items])
+                 for other in rules if other != rule}
+        selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config,
+                                        f"rule-{rule}")
+        memory = MemoryMethod(banks, selector)
+        latent = kv_footprint(model, banks, ids, layers=selector.layers).bank_bytes
+        described = {"objective": selector.config["best"]}
+    visible = prompt_kv_bytes(model, ids)
     methods = {"plain": PlainMethod(), "prompt": PromptMethod(text, tokenizer=tokenizer),
-               "memory": MemoryMethod(banks, selector)}
+               "memory": memory}
     setup = {"text": text, "memory": {"layers": selector.layers, "gain": selector.layer_gains,
-                                      "objective": selector.config["best"]}}
+                                      **described},
+             "kv": {"prompt_bytes": visible, "memory_bytes": latent,
+                    "memory_fraction": latent / visible}}
     return {m: methods[m] for m in config.methods}, setup
+
+
+class _FittedRuleJudge:
+    """A rule from a file, judged in generation by a reply judge fitted on its examples
+    (compliant against violating replies): a reply complies when scored on the compliant side.
+    ``refused``: why no judge could be fitted (then nothing is judged)."""
+
+    def __init__(self, items: Sequence[dict]) -> None:
+        from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge
+
+        self.judge, self.refused = None, None
+        try:
+            self.judge = ReplyJudge.fit(_triples(items))
+            self.record = {**self.judge.as_dict(), "agreement": self.judge.held_out_accuracy,
+                           "labelled": 2 * len(items)}
+        except JudgeTooWeakError as error:
+            self.refused = str(error)
+            self.record = {**error.judge.as_dict(), "refused": self.refused,
+                           "labelled": 2 * len(items)}
+
+    def complies(self, replies: Sequence[str]) -> list[bool]:
+        return [score > 0.5 for score in self.judge.score(list(replies))]
 
 
 def _pair_logprobs(model, tokenizer, items: list[dict], method: Method, batch_size: int
@@ -203,10 +292,12 @@ def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | No
                  ) -> dict[str, Any]:
     """Calibrate each rule and score its methods on the held-out questions (module docstring)."""
     judge = judge or RuleJudge()
+    rules = config.source()
+    fitted: dict[str, _FittedRuleJudge] = {}
     rows, setups, generations = [], {}, {}
     for rule in tqdm(config.rules, desc="guidance"):
-        methods, setups[rule] = calibrate_rule(model, tokenizer, rule, config)
-        _, held_out = rule_items(rule, config.calibration_items)
+        methods, setups[rule] = calibrate_rule(model, tokenizer, rule, config, rules)
+        _, held_out = rule_items(rule, config.calibration_items, rules)
         questions = [i["question"] for i in held_out]
         counts = [np.array([len(tokenizer(i[key], add_special_tokens=False).input_ids)
                             for i in held_out], np.float64) for key in ("compliant", "violating")]
@@ -217,6 +308,8 @@ def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | No
             list(methods.values()), model, tokenizer, questions, batch_size=config.batch_size,
             max_new_tokens=config.max_new_tokens, do_sample=False), strict=True)
         ) if config.generate else {}
+        if config.generate and config.rule_file is not None:
+            fitted[rule] = _FittedRuleJudge(rules[rule]["items"])
         for name in methods:
             compliant, violating = scored[name]
             complied = (compliant / counts[0] > violating / counts[1]).astype(np.float64)
@@ -229,13 +322,22 @@ def run_guidance(model, tokenizer, config: GuidanceConfig, judge: RuleJudge | No
                    "shift_ci": mean_interval(shift, config.num_bootstrap, config.seed)}
             if config.generate:
                 replies = answered[name]
-                follows = np.array([judge.complies(rule, r) for r in replies], np.float64)
-                row["generation_compliance"] = float(follows.mean())
-                row["generation_compliance_ci"] = mean_interval(follows, config.num_bootstrap,
-                                                                config.seed)
+                if rule in fitted:
+                    follows = (None if fitted[rule].refused else
+                               np.array(fitted[rule].complies(replies), np.float64))
+                else:
+                    follows = np.array([judge.complies(rule, r) for r in replies], np.float64)
+                if follows is not None:
+                    row["generation_compliance"] = float(follows.mean())
+                    row["generation_compliance_ci"] = mean_interval(
+                        follows, config.num_bootstrap, config.seed)
                 row["repetition"] = repetition(replies)
                 generations[f"{rule}/{name}"] = replies
             rows.append(row)
-    return {"rows": rows, "setups": setups, "generations": generations,
-            "judge": validate_rule_judge(judge) if config.generate else None,
+    judged = None
+    if config.generate:
+        judged = ({"judge": "reply judge fitted on each rule's examples",
+                   "rules": {rule: f.record for rule, f in fitted.items()}}
+                  if config.rule_file is not None else validate_rule_judge(judge))
+    return {"rows": rows, "setups": setups, "generations": generations, "judge": judged,
             "config": asdict(config)}
