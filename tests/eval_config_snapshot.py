@@ -573,7 +573,8 @@ ADDED = {"trait-steering": {"judge_prompts": 8},  # issue 77: judged replies
          # issue 78: memory by the persona call in the dialogue shift, and CAA scales below 1
          # (within the 0.1 budget CAA from the first token fits none of 1-16)
          "dialogue-shift": {"persona_recipes": None, "cost_budget": 0.1,
-                            "caa_scales": (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)},
+                            "caa_scales": (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0),
+                            "styles_file": None},  # issue 78: a user's styles
          # issue 78: a user's rule file, and memory by the persona call within a KV ceiling
          "guidance": {"rule_file": None, "persona_recipes": None, "cost_budget": 0.1,
                       "kv_ceiling": 1 / 6}}

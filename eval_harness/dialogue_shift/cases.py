@@ -13,6 +13,9 @@ content: the held-out style-pair continuations the task scores.
 
 A case is a root's branch cut to 8, 16 or 24 turns with the shift request prefixed to turn 5, 9
 or 13 (1-based; the case's ``user`` list carries it): 6 roots × 2 branches × 3 lengths = 36 cases.
+
+Your own styles (:mod:`~eval_harness.dialogue_shift.styles`, ``--styles``): the functions below
+take them as ``book`` (None: the shipped bank).
 """
 
 from __future__ import annotations
@@ -41,19 +44,27 @@ def _data() -> dict[str, Any]:
     return json.loads(CASES_PATH.read_text())
 
 
-def parse_transition(name: str) -> tuple[str, str]:
-    """``"warm_to_assertive"`` → ("warm", "assertive")."""
-    if name not in TRANSITIONS:
-        raise ValueError(f"unknown transition {name!r}; known: {', '.join(TRANSITIONS)}")
-    old, new = name.split("_to_")
+def parse_transition(name: str, book: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """``"warm_to_assertive"`` → ("warm", "assertive"); with a user's ``book``, any two of its
+    styles."""
+    if book is None:
+        if name not in TRANSITIONS:
+            raise ValueError(f"unknown transition {name!r}; known: {', '.join(TRANSITIONS)}")
+        old, new = name.split("_to_")
+        return old, new
+    old, _, new = name.partition("_to_")
+    if old not in book["styles"] or new not in book["styles"] or old == new:
+        raise ValueError(f"transition {name!r} must be <old>_to_<new>, two different styles of "
+                         f"{sorted(book['styles'])}")
     return old, new
 
 
-def style_descriptor(style: str) -> str:
+def style_descriptor(style: str, book: Mapping[str, Any] | None = None) -> str:
     """The style's first-person descriptor (bank text, system prompt, CAA contrast)."""
-    if style not in STYLES:
-        raise ValueError(f"unknown style {style!r}; known: {', '.join(STYLES)}")
-    return _data()["styles"][style]["descriptor"]
+    styles = (book or _data())["styles"]
+    if style not in styles:
+        raise ValueError(f"unknown style {style!r}; known: {', '.join(styles)}")
+    return styles[style]["descriptor"]
 
 
 def shift_request(style: str) -> str:
@@ -69,33 +80,36 @@ def style_pairs() -> list[dict[str, Any]]:
     return _data()["pairs"]
 
 
-def _pair_of(style: str) -> dict[str, Any]:
-    return next(p for p in _data()["pairs"] if style in p["pair"])
-
-
-def transition_calibration(old: str, new: str, count: int = 12, drift_count: int = 2
+def transition_calibration(old: str, new: str, count: int = 12, drift_count: int = 2,
+                           book: Mapping[str, Any] | None = None
                            ) -> tuple[list[tuple[str, str, str]], dict[str, list]]:
     """Calibration triples (question, ``new``-style reply, ``old``-style reply) of the pair, and
-    ``drift_count`` triples of each other pair (oriented to its first style) as drift groups."""
-    pair = _pair_of(new)
-    if old not in pair["pair"] or old == new:
-        raise ValueError(f"{old!r} and {new!r} are not the two styles of one pair")
+    ``drift_count`` triples of each other pair (oriented to its first style) as drift groups.
+    ``book``: a user's styles (None: the shipped bank)."""
+    pairs = (book or _data())["pairs"]
+    pair = next((p for p in pairs if {old, new} == set(p["pair"]) and old != new), None)
+    if pair is None:
+        hint = "" if book is None else (f' (add {{"pair": ["{old}", "{new}"], "calibration": '
+                                         '[...]} to the styles)')
+        raise ValueError(f"transition {old}_to_{new} has no calibration pairs: no pair holds "
+                         f"{old!r} and {new!r}{hint}")
     items = pair["calibration"]
-    for name, value in (("count", count), ("drift_count", drift_count)):
+    for name, value in (("calibration pairs", count), ("drift pairs", drift_count)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= len(items):
-            raise ValueError(f"{name} must be an integer between 1 and {len(items)}, got "
-                             f"{value!r}")
-    pairs = [(i["question"], i[new], i[old]) for i in items[:count]]
+            raise ValueError(f"{name} must be an integer between 1 and {len(items)} (the "
+                             f"calibration items of {old}/{new}), got {value!r}")
     drift = {"_".join(p["pair"]): [(i["question"], i[p["pair"][0]], i[p["pair"][1]])
                                    for i in p["calibration"][:drift_count]]
-             for p in _data()["pairs"] if p is not pair}
-    return pairs, drift
+             for p in pairs if p is not pair}
+    return [(i["question"], i[new], i[old]) for i in items[:count]], drift
 
 
-def check_case(case: Mapping[str, Any], context: int | None = None, tokenizer=None) -> None:
+def check_case(case: Mapping[str, Any], context: int | None = None, tokenizer=None,
+               book: Mapping[str, Any] | None = None) -> None:
     """Raise one clear ``ValueError`` if ``case`` cannot be run (missing fields, no valid shift
-    turn, unknown styles, turn lists of the wrong length, empty texts, or a conversation longer
-    than a model ``context`` tokens, counted with ``tokenizer``)."""
+    turn, unknown styles — the shipped ones or ``book``'s —, turn lists of the wrong length,
+    empty texts, or a conversation longer than a model ``context`` tokens, counted with
+    ``tokenizer``)."""
     name = case.get("id", "<unnamed case>") if isinstance(case, Mapping) else "<not a mapping>"
     if not isinstance(case, Mapping):
         raise ValueError(f"a dialogue case is a mapping with {', '.join(CASE_FIELDS)}")
@@ -111,9 +125,10 @@ def check_case(case: Mapping[str, Any], context: int | None = None, tokenizer=No
     if isinstance(shift, bool) or not isinstance(shift, int) or not 2 <= shift <= turns:
         raise ValueError(f"case {name}: shift_turn must be a turn in [2, {turns}] (some turns "
                          f"before and at least one after the request), got {shift!r}")
+    styles = STYLES if book is None else tuple(book["styles"])
     for style in (case["old"], case["new"]):
-        if style not in STYLES:
-            raise ValueError(f"case {name}: unknown style {style!r}; known: {', '.join(STYLES)}")
+        if style not in styles:
+            raise ValueError(f"case {name}: unknown style {style!r}; known: {', '.join(styles)}")
     if case["old"] == case["new"]:
         raise ValueError(f"case {name}: the old and the new style are the same")
     for field in ("user", "old_replies", "new_replies"):
@@ -129,9 +144,11 @@ def check_case(case: Mapping[str, Any], context: int | None = None, tokenizer=No
                              f"of {context} tokens")
 
 
-def load_cases(path: str | Path) -> list[dict[str, Any]]:
+def load_cases(path: str | Path, book: Mapping[str, Any] | None = None
+               ) -> list[dict[str, Any]]:
     """A user's cases (``--cases``): a JSON list of rows like :func:`dialogue_cases`'s, each
-    checked by :func:`check_case`. One ``ValueError`` names the file's or the case's problem."""
+    checked by :func:`check_case` (against ``book``'s styles when given). One ``ValueError``
+    names the file's or the case's problem."""
     try:
         cases = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
@@ -141,7 +158,7 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
     if not isinstance(cases, list) or not cases:
         raise ValueError(f"{path} must hold a non-empty JSON list of cases")
     for case in cases:
-        check_case(case)
+        check_case(case, book=book)
     return cases
 
 

@@ -26,6 +26,11 @@ def _add_arguments(parser) -> None:
                         help="your own cases (a JSON list of rows with id, root, family, "
                              "branch, turns, old, new, shift_turn, user, old_replies, "
                              "new_replies) instead of the shipped bank")
+    parser.add_argument("--styles", metavar="JSON",
+                        help="your own styles with --cases: {\"styles\": {name: "
+                             "{\"descriptor\": ...}}, \"pairs\": [{\"pair\": [a, b], "
+                             "\"calibration\": [{question, a, b}, ...]}]}; generations judged "
+                             "by a reply judge fitted per pair")
     parser.add_argument("--persona-recipes", type=persona_recipes, metavar="LIST",
                         help="memory by the one-line persona call over these bank recipes "
                              "(e.g. contrast), each style's banks and sites its own, within "
@@ -41,9 +46,14 @@ def _add_arguments(parser) -> None:
 def _config(args, out):
     """``(config, cases)``: the user's ``--cases`` (None: the shipped bank)."""
     from .cases import load_cases
+    from .styles import load_styles
     from .task import DialogueShiftConfig
 
-    cases = load_cases(args.cases) if args.cases is not None else None
+    book = load_styles(args.styles) if args.styles is not None else None
+    if book is not None and args.cases is None:
+        raise ValueError("--styles needs --cases: the shipped cases are written in the shipped "
+                         "styles")
+    cases = load_cases(args.cases, book) if args.cases is not None else None
     transitions = args.transitions or (
         sorted({f"{c.get('old')}_to_{c.get('new')}" for c in cases if isinstance(c, dict)})
         if cases else list(TRANSITIONS))
@@ -53,7 +63,7 @@ def _config(args, out):
         calibration_pairs=args.calibration_pairs, top_layers=args.top_layers,
         candidate_layers=args.candidate_layers, caa_layer=args.caa_layer,
         num_bootstrap=args.bootstrap, seed=args.seed, persona_recipes=args.persona_recipes,
-        cost_budget=args.cost_budget,
+        cost_budget=args.cost_budget, styles_file=args.styles,
         selectors_dir=args.selectors or str(out / "selectors")), cases
 
 

@@ -124,9 +124,13 @@ def _generation_section(results: dict[str, Any]) -> str:
                     f"{r['pre_align']:+.2f} | {r['coherence']:.2f} | {_repetition(r)} |")
     agreement = ", ".join(f"{k} {v['agreement']:.2f}" for k, v in judge["styles"].items())
     return ("\n## Generation form\n\nThe model writes every turn (greedy); each reply is "
-            f"judged by `{judge['judge']}` (agreement with the case bank's labelled style pairs: "
-            f"{agreement}; overall {judge['overall']:.2f}). Align = score(new style) − "
-            "score(old style), each on 1-5; coherence = distinct-bigram share on 1-5, a crude "
+            f"judged by `{judge['judge']}` (agreement with the labelled style pairs" + (
+                ", held out over folds" if judge["judge"] == "reply-judge-per-pair" else "")
+            + f": {agreement}; overall {judge['overall']:.2f}). Align = score(new style) − "
+            "score(old style), each on " + ("0-1 (the judge's probability)"
+                                            if judge["judge"] == "reply-judge-per-pair"
+                                            else "1-5")
+            + "; coherence = distinct-bigram share on 1-5, a crude "
             "quality proxy for the paper's Q_turn (post-shift turns). Repetition over every "
             "turn the model wrote, mean per reply: distinct-2 = distinct word bigrams / "
             "bigrams, repeated 4-grams = share of its word 4-grams already seen earlier in "

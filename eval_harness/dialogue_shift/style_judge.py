@@ -19,6 +19,11 @@ evidence either way), so a transition old → new is judged by score(new) − sc
 :func:`validate_style_judge` reports its agreement on the case bank's labelled style pairs (the
 new-style reply must be judged more new-style than the same content in the old style). It sees
 words, not meaning: a weak judge, reported as such.
+
+A user's styles (``--styles``) have no lexicons: :class:`FittedStyleJudge` fits a reply judge
+(:class:`~hf_memory.metrics.reply_judge.ReplyJudge`) per pair on its calibration items, and a
+style's score is the judge's probability that the reply is on that style's side (0–1), so a
+transition is judged by score(new) − score(old) in [−1, 1].
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 from .cases import STYLES, style_pairs
 
-__all__ = ["StyleJudge", "validate_style_judge"]
+__all__ = ["FittedStyleJudge", "StyleJudge", "validate_style_judge"]
 
 PARTNER = {"warm": "assertive", "assertive": "warm", "formal": "cautious",
            "cautious": "formal", "dismissive": "anxious", "anxious": "dismissive"}
@@ -124,3 +129,47 @@ def validate_style_judge(judge) -> dict[str, Any]:
     total = sum(v["pairs"] for v in per_pair.values())
     return {"judge": judge.name, "styles": per_pair,
             "overall": sum(v["agreement"] * v["pairs"] for v in per_pair.values()) / total}
+
+
+class FittedStyleJudge:
+    """A user's styles judged by a reply judge fitted per pair on the pair's calibration items
+    (the first style's replies against the second's); a style's score is the mean, over the pairs
+    holding it, of the probability that the reply is on its side. A pair whose judge is under
+    0.8 held-out accuracy is refused at construction, naming the pair (its generations could not
+    be told apart)."""
+
+    name = "reply-judge-per-pair"
+
+    def __init__(self, book: dict[str, Any]) -> None:
+        from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge
+
+        self.judges, self.record = {}, {}
+        for pair in book["pairs"]:
+            a, b = pair["pair"]
+            triples = [(i["question"], i[a], i[b]) for i in pair["calibration"]]
+            try:
+                judge = ReplyJudge.fit(triples)
+            except JudgeTooWeakError as error:
+                raise ValueError(f"the styles {a}/{b}: {error}; their generations cannot be "
+                                 "judged (add calibration items, or run without --generate)"
+                                 ) from None
+            self.judges[a, b] = judge
+            self.record[f"{a}/{b}"] = {"agreement": judge.held_out_accuracy,
+                                       "pairs": 2 * len(triples), **judge.as_dict()}
+
+    def score(self, style: str, text: str) -> float:
+        """0–1: how far ``text`` is on ``style``'s side of its pairs."""
+        sides = [(judge, first == style) for (first, second), judge in self.judges.items()
+                 if style in (first, second)]
+        if not sides:
+            raise ValueError(f"unknown style {style!r}")
+        probabilities = [judge.score([text])[0] for judge, _ in sides]
+        return sum(p if first else 1.0 - p
+                   for p, (_, first) in zip(probabilities, sides, strict=True)) / len(sides)
+
+    def validation(self) -> dict[str, Any]:
+        """Each pair's judge: held-out accuracy over folds (``agreement``), as the shipped
+        judge's validation reports its agreement."""
+        total = sum(v["pairs"] for v in self.record.values())
+        return {"judge": self.name, "styles": self.record,
+                "overall": sum(v["agreement"] * v["pairs"] for v in self.record.values()) / total}

@@ -42,6 +42,10 @@ style's bank and the CAA scale are chosen on the pair's calibration items
 chooses them for a Big Five direction (unbudgeted; with ``persona_recipes`` both within
 ``cost_budget`` on the shipped neutral text).
 
+Your own styles (``styles_file``, :mod:`~eval_harness.dialogue_shift.styles`) come with your own
+cases; their generations are judged by
+:class:`~eval_harness.dialogue_shift.style_judge.FittedStyleJudge`.
+
 The user's shift request, a new user message at the shift turn, is in every method's transcript:
 ``plain`` is what a user does first (a visible instruction appended, nothing recomputed).
 """
@@ -82,9 +86,10 @@ from .cases import (
     style_descriptor,
     transition_calibration,
 )
+from .styles import load_styles
 
 __all__ = ["METHODS", "DialogueShiftConfig", "FrozenTransition", "calibrate_transition",
-           "generate_case", "run_dialogue_shift", "summarize", "walk_case"]
+           "generate_case", "run_dialogue_shift", "style_judge_for", "summarize", "walk_case"]
 
 METHODS = ("plain", "prompt-init", "caa", "memory", "prompt-repl")
 MATCHED = ("plain", "prompt-init", "caa", "memory")  # the fixed-visible-budget comparison
@@ -117,6 +122,7 @@ class DialogueShiftConfig:
     selectors_dir: str | None = None
     persona_recipes: Sequence[str] | None = None
     cost_budget: float = DEFAULT_COST_BUDGET
+    styles_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.persona_recipes is not None:
@@ -132,8 +138,10 @@ class DialogueShiftConfig:
                              f"{self.cost_budget!r}")
         if not self.transitions:
             raise ValueError("give at least one transition")
-        for name in self.transitions:
-            parse_transition(name)
+        book = self.book()
+        for name in self.transitions:  # each named right and with calibration pairs
+            transition_calibration(*parse_transition(name, book), self.calibration_pairs,
+                                   self.drift_pairs, book)
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"methods must be among {', '.join(METHODS)}; got "
@@ -147,6 +155,10 @@ class DialogueShiftConfig:
                                    "batch_size", "num_bootstrap", "max_new_tokens"))
         self.transitions, self.lengths = list(self.transitions), list(self.lengths)
         self.branches, self.methods = list(self.branches), list(self.methods)
+
+    def book(self) -> dict[str, Any] | None:
+        """A user's styles (``styles_file``), or None for the shipped bank."""
+        return None if self.styles_file is None else load_styles(self.styles_file)
 
 
 @dataclass
@@ -177,9 +189,11 @@ def calibrate_transition(model, tokenizer, transition: str, config: DialogueShif
     """Freeze memory (behavioural selector, or with ``config.persona_recipes`` each style's
     persona call), CAA (scale) and the prompts for ``transition``. ``personas``: the persona
     calls made so far, by style (a pair's two transitions share them; filled in here)."""
-    old, new = parse_transition(transition)
-    pairs, drift = transition_calibration(old, new, config.calibration_pairs, config.drift_pairs)
-    descriptors = {"old": style_descriptor(old), "new": style_descriptor(new)}
+    book = config.book()
+    old, new = parse_transition(transition, book)
+    pairs, drift = transition_calibration(old, new, config.calibration_pairs, config.drift_pairs,
+                                          book)
+    descriptors = {"old": style_descriptor(old, book), "new": style_descriptor(new, book)}
     cost = (NeutralCost(model, tokenizer, batch_size=config.batch_size)
             if config.persona_recipes else None)
     old_selector = None
@@ -262,7 +276,10 @@ def _walk(model, tokenizer, case: dict[str, Any], method: str, frozen: FrozenTra
     """Drive one case under one method on one cache: the guidance before the shift, the switch
     at the shift turn (after computing the transcript so far under the old guidance), and
     ``turn_step(chat, turn)`` for every turn (1-based). Returns the closed conversation."""
-    check_case(case)
+    check_case(case, book={"styles": dict.fromkeys((frozen.old, frozen.new))})
+    if (case["old"], case["new"]) != (frozen.old, frozen.new):
+        raise ValueError(f"case {case['id']} goes {case['old']} → {case['new']}, the frozen "
+                         f"guidance {frozen.old} → {frozen.new}")
     shift = case["shift_turn"]
     system = frozen.systems["old"] if method in ("prompt-init", "prompt-repl") else None
     banks = frozen.banks["old"] if method == "memory" else None
@@ -400,9 +417,20 @@ def _summary(cases: list[dict[str, Any]], methods: Sequence[str], key: str, grou
     return rows
 
 
-def summarize(records: list[dict[str, Any]], config: DialogueShiftConfig) -> dict[str, Any]:
+def style_judge_for(config: DialogueShiftConfig):
+    """The generation form's judge: the shipped styles' :class:`StyleJudge`, or for a user's
+    styles a reply judge per pair (:class:`FittedStyleJudge`)."""
+    from .style_judge import FittedStyleJudge, StyleJudge
+
+    book = config.book()
+    return StyleJudge() if book is None else FittedStyleJudge(book)
+
+
+def summarize(records: list[dict[str, Any]], config: DialogueShiftConfig, judge=None
+              ) -> dict[str, Any]:
     """The tables of the results from the per-case records: by transition, by length, overall,
-    the claims, and (if the records have them) the generation form's tables."""
+    the claims, and (if the records have them) the generation form's tables with ``judge``'s
+    validation (default: :func:`style_judge_for`)."""
     methods = config.methods
     by_transition = _summary(records, methods, "transition",
                              [(t, lambda c, t=t: c["transition"] == t)
@@ -414,15 +442,17 @@ def summarize(records: list[dict[str, Any]], config: DialogueShiftConfig) -> dic
     tables = {"by_transition": by_transition, "by_length": by_length, "overall": overall,
               "claims": _claims(overall, by_transition, methods)}
     if all("generated" in c for c in records):
-        from .style_judge import StyleJudge, validate_style_judge
+        from .style_judge import validate_style_judge
 
+        judge = judge or style_judge_for(config)
         tables["generation"] = {
             "by_transition": _summary(records, methods, "transition",
                                       [(t, lambda c, t=t: c["transition"] == t)
                                        for t in config.transitions], config, "generated"),
             "overall": _summary(records, methods, "group", [("all", lambda c: True)], config,
                                 "generated"),
-            "judge": validate_style_judge(StyleJudge())}
+            "judge": (judge.validation() if hasattr(judge, "validation")
+                      else validate_style_judge(judge))}
     return tables
 
 
@@ -449,12 +479,16 @@ def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
     table. ``cases``: rows like :func:`~eval_harness.dialogue_shift.cases.dialogue_cases` (default:
     the shipped bank filtered by the config)."""
     torch.manual_seed(config.seed)
+    book = config.book()
     if cases is None:
+        if book is not None:
+            raise ValueError("your own styles need your own cases (--cases): the shipped cases "
+                             "are written in the shipped styles")
         cases = dialogue_cases(config.transitions, config.lengths, config.branches)
     cases = [dict(c) for c in cases]
     context = model.config.max_position_embeddings
     for case in cases:
-        check_case(case, context, tokenizer)
+        check_case(case, context, tokenizer, book)
         name = f"{case['old']}_to_{case['new']}"
         if name not in config.transitions:
             raise ValueError(f"case {case['id']}: its transition {name} is not among the "
@@ -462,6 +496,7 @@ def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
     if not cases:
         raise ValueError("no dialogue case matches the configured transitions, lengths and "
                          "branches")
+    judge = style_judge_for(config) if config.generate else None  # a weak one fails first
     records, setups, kv, personas = [], {}, {}, {}
     bar = tqdm(total=len(cases) * len(config.methods), desc="dialogue shift")
     for transition in config.transitions:
@@ -479,10 +514,10 @@ def run_dialogue_shift(model, tokenizer, config: DialogueShiftConfig,
                                                       config.post_shift_history)
                 if config.generate:
                     record.setdefault("generated", {})[method] = generate_case(
-                        model, tokenizer, case, method, frozen,
+                        model, tokenizer, case, method, frozen, judge,
                         max_new_tokens=config.max_new_tokens)
                 bar.update()
             records.append(record)
     bar.close()
-    return {"cases": records, **summarize(records, config), "kv": kv, "setups": setups,
+    return {"cases": records, **summarize(records, config, judge), "kv": kv, "setups": setups,
             "config": asdict(config)}
