@@ -10,10 +10,13 @@ a fraction of the text's as a visible prompt; beside plain and the visible promp
 written as they come (``--out``, JSON lines).
 
 ``--layers 12-29,14-29 --gains 0.25,0.5 --first-token plain`` sweeps other contiguous bands,
-gains and one of the two settings instead of the default grid.
+gains and one of the two settings instead of the default grid. ``--more-prompts 20`` adds that many
+everyday questions outside the persona's calibration pairs to the demo's four, and ``--judge``
+scores every row's replies by a reply judge fitted on those pairs (what users see beside the
+lexicon's word share).
 
 Usage: python -m experiments.mi_sink_banks [--persona pirate] [--layers A-B,...] [--gains G,...]
-    [--first-token reads|plain|both] [--out FILE]
+    [--first-token reads|plain|both] [--more-prompts N] [--judge] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import torch
 from hf_memory import MemoryMethod, PromptMethod, load_default_model
 from hf_memory.baselines.methods import PlainMethod, generate_with
 from hf_memory.metrics.kv_accounting import kv_footprint
+from hf_memory.metrics.reply_judge import ReplyJudge
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.metrics.text_quality import lexicon_rate, repetition
+from hf_memory.recipes.calibration_data import everyday_questions
 from hf_memory.recipes.demo import DEFAULT_PROMPTS
 from hf_memory.recipes.persona import persona_banks
-from hf_memory.recipes.shipped import persona_json
+from hf_memory.recipes.shipped import persona_spec
 
 LAYER_SETS = {"all": range(0, 30), "from 12": range(12, 30), "from 15": range(15, 30),
               "every 3rd": range(0, 30, 3)}
@@ -57,14 +62,24 @@ def main() -> None:
     parser.add_argument("--gains", type=lambda t: [float(g) for g in t.split(",")],
                         default=GAINS, help="layer gains rho (default: 0,0.5,1,2)")
     parser.add_argument("--first-token", choices=sorted(FIRST_TOKEN), default="both")
+    parser.add_argument("--more-prompts", type=int, default=0,
+                        help="everyday questions outside the persona's pairs, beside the demo's")
+    parser.add_argument("--judge", action="store_true",
+                        help="score the replies by a reply judge fitted on the persona's pairs")
     parser.add_argument("--out", default="sink_banks.jsonl")
     args = parser.parse_args()
     model, tokenizer = load_default_model()
-    spec = persona_json(args.persona)
+    spec = persona_spec(args.persona)
     text, lexicon = spec["text"], spec.get("lexicon") or []
     cost = NeutralCost(model, tokenizer)
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-    prompts = list(DEFAULT_PROMPTS)
+    asked = {prompt for prompt, _, _ in spec["pairs"]}
+    prompts = list(DEFAULT_PROMPTS) + [q for q in everyday_questions() if q not in asked
+                                       and q not in DEFAULT_PROMPTS][:args.more_prompts]
+    judge = ReplyJudge.fit(spec["pairs"]) if args.judge else None
+    if judge is not None:
+        print(f"# judge held-out accuracy {judge.held_out_accuracy:.2f} on "
+              f"{len(spec['pairs'])} pairs; {len(prompts)} prompts")
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; persona {args.persona!r}")
 
@@ -78,12 +93,15 @@ def main() -> None:
                       "persona_words": lexicon_rate(replies, lexicon) if lexicon else None,
                       "distinct_2": quality["distinct_2"],
                       "repeated_4gram": quality["repeated_4gram"],
+                      "judged": None if judge is None else judge.summary(replies)["judge_score"],
+                      "prompts": len(prompts),
                       "kv_fraction": kv_fraction, "replies": replies,
                       "seconds": time.perf_counter() - start}
             out.write(json.dumps(record) + "\n")
             out.flush()
             print(f"{label:44s} cost {record['cost']:+.3f} words "
-                  f"{record['persona_words'] or 0:.3f} distinct-2 {record['distinct_2']:.2f} "
+                  f"{record['persona_words'] or 0:.3f} judged {record['judged'] or 0:.2f} "
+                  f"distinct-2 {record['distinct_2']:.2f} "
                   f"KV {record['kv_fraction']:.2f}x | {replies[1][:70]!r}", flush=True)
 
         row("plain", PlainMethod(), 0.0)
