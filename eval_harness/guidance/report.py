@@ -77,8 +77,9 @@ def render_guidance(record: dict[str, Any], out: Path) -> list[Path]:
              for r in rows]
     judge = results["judge"]
     agreement = ("" if judge is None else
-                 f"Rule judge `{judge['judge']}`, agreement with the labelled replies "
-                 "(a fitted judge: held out over folds): "
+                 f"Rule judge `{judge['judge']}`, agreement with the labelled replies"
+                 + (" (fitted per rule, held out over folds)" if results["config"].get(
+                     "rule_file") else "") + ": "
                  + ", ".join(f"{rule} refused ({v['refused']})" if "refused" in v
                              else f"{rule} {v['agreement']:.2f} ({v['labelled']})"
                              for rule, v in judge["rules"].items()) + ". Repetition of the "
