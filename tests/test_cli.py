@@ -100,22 +100,24 @@ def test_the_default_demo_shows_the_shipped_persona_in_every_method(capsys):
     assert "# persona: pirate" in out and "[CAA (layer " in out and "recipe)]" in out
     line = next(x for x in out.splitlines() if x.startswith("persona words"))
     rates = dict(part.rsplit(" ", 1) for part in line.split(": ", 1)[1].split("; "))
-    assert set(rates) == {"plain", "prompt", "caa", "memory", "every_layer"}
+    assert set(rates) == {"plain", "prompt", "caa", "memory", "band"}
     assert float(rates["prompt"]) > float(rates["plain"])  # a persona the model can voice
-    # memory at every layer, within the visible prompt's own cost, voices it too
-    assert float(rates["every_layer"]) > float(rates["plain"])
-    assert "the visible prompt's own cost" in out and "[memory, every layer (+" in out
+    # the voice band, within the visible prompt's own cost and KV, voices it too
+    assert float(rates["band"]) > float(rates["plain"])
+    assert "the visible prompt's own cost" in out and "[memory, voice band (+" in out
+    prompt_kib = float(re.search(r"\[prompt \(\+(\d+) KiB KV", out)[1])
+    band_kib = float(re.search(r"\[memory, voice band \(\+(\d+) KiB bank", out)[1])
+    assert band_kib <= prompt_kib
     costs_line = next(x for x in out.splitlines() if x.startswith("cost ("))
     budget = float(re.search(r"calibrated within (\d+\.\d+)", costs_line)[1])
     costs = {name: float(value) for name, value in
              re.findall(r"(\w+) ([+-]\d+\.\d+)", costs_line.split("): ", 1)[1])}
-    assert costs["plain"] == 0.0 and set(costs) == {"plain", "prompt", "caa", "memory",
-                                                    "every_layer"}
+    assert costs["plain"] == 0.0 and set(costs) == {"plain", "prompt", "caa", "memory", "band"}
     # every calibrated method within the budget the line names (printed to three decimals)
-    for name in ("caa", "memory", "every_layer"):
+    for name in ("caa", "memory", "band"):
         assert costs[name] <= budget + 5e-4, (name, costs[name], budget)
-    # each row's reply keyed by its exact label: the selector's row is not the every-layer row
-    labels = {"plain": "[plain]", "memory": "[memory (+", "every_layer": "[memory, every layer (+"}
+    # each row's reply keyed by its exact label: the selector's row is not the band's
+    labels = {"plain": "[plain]", "memory": "[memory (+", "band": "[memory, voice band (+"}
     replies = {name: [x.split("] ", 1)[1] for x in out.splitlines()
                       if x.strip().startswith(label)] for name, label in labels.items()}
     assert all(len(r) == 1 for r in replies.values()), replies

@@ -315,24 +315,15 @@ def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypat
         PromptMethod(spec["text"], tokenizer=tokenizer))
     assert written["budget"] == pytest.approx(prompt_cost, rel=1e-9, abs=1e-12)
     assert found.recipe == "contrast" and written["counter_exemplars"]
-    # the every-layer configuration: the largest rho of the grid within the same budget
-    every = written["every_layer"]
-    cost = NeutralCost(model, tokenizer)
-    gains = sorted(shipped.EVERY_LAYER_GAINS)
-
-    def every_layer_cost(rho):
-        layers = list(range(model.config.num_hidden_layers))
-        return cost.measure(MemoryMethod(found.banks, layers=layers,
-                                         layer_gains=dict.fromkeys(layers, rho)))
-
-    if every is None:
-        assert every_layer_cost(gains[0]) > written["budget"]
-    else:
-        assert every["layers"] == list(range(model.config.num_hidden_layers))
-        assert every["rho"] in gains and every["cost"] <= written["budget"]
-        assert every["cost"] == pytest.approx(every_layer_cost(every["rho"]), abs=1e-12)
-        if every["rho"] < gains[-1]:
-            assert every_layer_cost(gains[gains.index(every["rho"]) + 1]) > written["budget"]
+    # the voice band: the descriptor at the upper layers, judged on questions that are neither
+    # the pairs' nor the demo's, within the prompt's budget and KV (its choice: test_voice_band)
+    band = written["band"]
+    asked = shipped.band_prompts(spec["pairs"])
+    assert len(asked) == shipped.BAND_PROMPTS
+    assert not set(asked) & ({p for p, _, _ in spec["pairs"]} | set(demo.DEFAULT_PROMPTS))
+    if band is not None:
+        assert band["layers"] == [1, 2] and band["cost"] <= written["budget"]
+        assert band["kv_fraction"] <= 1.0 and band["prompts"] == len(asked)
     assert written["counter_exemplars"] == found.selector.config["bank_recipe"][
         "counter_exemplars"]
     monkeypatch.setattr(shipped, "_persona_dir", lambda name: tmp_path)
@@ -349,7 +340,7 @@ def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypat
     assert (caa is None) == (written["caa"]["layer"] is None)
     result = demo.run_demo(model, tokenizer, prompts=["Hi?"], max_new_tokens=3)
     assert set(result.answers) == ({"plain", "prompt", "memory"} | ({"caa"} if caa else set())
-                                   | ({"every_layer"} if every else set()))
+                                   | ({"band"} if band else set()))
     assert all("persona_words" in q for q in result.quality.values())
     assert "persona words" in demo.format_demo(result)
     assert f"within {written['budget']:.3f}, the visible prompt's own cost" in \

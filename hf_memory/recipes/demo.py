@@ -6,10 +6,12 @@ without the prompt), the lexicon that measures it, and what
 :func:`~hf_memory.recipes.shipped.build_persona` calibrated on
 those pairs within the persona's cost budget (the pirate's: the visible prompt's own cost, so
 the methods are compared at the prompt's price) — the memory selector with its bank recipe
-(:func:`hf_memory.recipes.persona.calibrate_persona`) and CAA's layer and scale
-(:func:`hf_memory.recipes.persona.calibrate_caa`). The Big Five descriptors steer through the frozen
-selectors of ``data/selectors/<direction>`` (``hf-memory build-selector``); any other persona
-through a selector the user gives, or hand-picked layers. The replies are printed side by side
+(:func:`hf_memory.recipes.persona.calibrate_persona`), its voice band (the descriptor at the
+upper layers, chosen by a reply judge: :func:`hf_memory.recipes.voice_band.voice_band`) and
+CAA's layer and scale (:func:`hf_memory.recipes.persona.calibrate_caa`). The Big Five
+descriptors steer through the frozen selectors of ``data/selectors/<direction>``
+(``hf-memory build-selector``); any other persona through a selector the user gives, or
+hand-picked layers. The replies are printed side by side
 with the KV bytes each method carries, the share of the persona's own words in them
 (:func:`~hf_memory.metrics.text_quality.lexicon_rate`) and how much they repeat themselves.
 Torch-dependent modules are imported inside the functions, so the CLI's ``--help`` stays fast.
@@ -65,8 +67,8 @@ def _automatic_selector(model, persona: str):
 
 @dataclass
 class DemoResult:
-    """Answers per method, the KV accounting of the descriptor (``every_layer_footprint``: of a
-    shipped persona's every-layer configuration, when it has one), the steered sites, and per
+    """Answers per method, the KV accounting of the descriptor (``band_footprint``: of a
+    shipped persona's voice band, when it has one), the steered sites, and per
     method the repetition of its answers (:func:`~hf_memory.metrics.text_quality.repetition`), its
     cost on neutral text (``cost``) and, for a persona with a lexicon, the share of its words
     (``persona_words``)."""
@@ -81,7 +83,7 @@ class DemoResult:
     units: dict[int, list[int]] | None = None
     persona: str = ""
     details: dict[str, str] = field(default_factory=dict)
-    every_layer_footprint: KVFootprint | None = None
+    band_footprint: KVFootprint | None = None
 
 
 def run_demo(
@@ -97,8 +99,8 @@ def run_demo(
     max_new_tokens: int = 40,
 ) -> DemoResult:
     """Answer ``prompts`` plain, with ``persona`` as the system prompt, with CAA (a shipped
-    persona's) and memory-steered (the selector's sites; a shipped persona's every-layer
-    configuration beside them, when it has one).
+    persona's) and memory-steered (the selector's sites; a shipped persona's voice band beside
+    them, when it has one: :func:`~hf_memory.recipes.voice_band.voice_band`).
 
     ``persona``: a shipped persona's name or text (its calibrated recipe, selector and CAA), or
     any descriptor. Sites: ``layers`` (hand-picked, all heads, the descriptor bank at gain
@@ -147,12 +149,16 @@ def run_demo(
     if caa is not None:
         methods["caa"] = caa
     methods["memory"] = memory
-    every_layer = spec.get("every_layer") if shipped is not None else None
-    if every_layer:
-        methods["every_layer"] = MemoryMethod(
-            bank_set, layers=every_layer["layers"],
-            layer_gains=dict.fromkeys(every_layer["layers"], every_layer["rho"]))
-        details["every_layer"] = f"rho {every_layer['rho']:g}"
+    band = spec.get("band") if shipped is not None else None
+    if band:
+        from hf_memory.recipes.persona import persona_banks
+
+        band_banks = persona_banks(model, tokenizer, persona, recipe="prompt_like",
+                                   sink_reads_banks=False)
+        methods["band"] = MemoryMethod(band_banks, layers=band["layers"],
+                                       layer_gains=dict.fromkeys(band["layers"], band["rho"]))
+        details["band"] = (f"layers {band['layers'][0]}-{band['layers'][-1]}, "
+                           f"rho {band['rho']:g}, prompt_like")
     answers, seconds = {}, {}
     for name, method in methods.items():
         start = time.perf_counter()
@@ -163,8 +169,8 @@ def run_demo(
         seconds[name] = time.perf_counter() - start
     descriptor_ids = tokenizer(persona, return_tensors="pt", add_special_tokens=False).input_ids
     footprint = kv_footprint(model, bank_set, descriptor_ids, layers=sorted(sites))
-    every_layer_footprint = (kv_footprint(model, bank_set, descriptor_ids,
-                                          layers=every_layer["layers"]) if every_layer else None)
+    band_footprint = (kv_footprint(model, band_banks, descriptor_ids, layers=band["layers"])
+                      if band else None)
     quality = {name: repetition(replies) for name, replies in answers.items() if replies}
     neutral = NeutralCost(model, tokenizer)
     for name, method in methods.items():
@@ -176,7 +182,7 @@ def run_demo(
                       strength=selector.strength if selector is not None else 1.0,
                       units=dict(selector.units) if selector is not None else None,
                       persona=persona, details=details,
-                      every_layer_footprint=every_layer_footprint)
+                      band_footprint=band_footprint)
 
 
 def format_demo(result: DemoResult) -> str:
@@ -190,11 +196,10 @@ def format_demo(result: DemoResult) -> str:
                   + (f", {result.details['memory']}" if "memory" in result.details else "")
                   + ")",
     }
-    if result.every_layer_footprint is not None:
-        every = result.every_layer_footprint
-        labels["every_layer"] = (f"memory, every layer (+{every.bank_bytes / 1024:.0f} KiB bank at "
-                                 f"{every.controlled_layers} layers, "
-                                 f"{result.details.get('every_layer', '')})")
+    if result.band_footprint is not None:
+        band = result.band_footprint
+        labels["band"] = (f"memory, voice band (+{band.bank_bytes / 1024:.0f} KiB bank at "
+                          f"{band.controlled_layers} layers, {result.details.get('band', '')})")
     labels = {k: v for k, v in labels.items() if k in result.answers}
     lines = ["steered sites (layer: gain): " + ", ".join(f"{layer}: {gain:g}"
                                                           for layer, gain in result.sites.items())

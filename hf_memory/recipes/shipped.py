@@ -5,7 +5,8 @@ built.
 (:func:`build_selector`, ``hf-memory build-selector``), each with the bank recipe
 :func:`persona_bank`. ``data/personas/<name>/``: personas the embedded model visibly voices from
 a prompt, with their calibration pairs, lexicon and what :func:`build_persona` calibrated on them
-within the cost budget (the memory selector with its bank recipe, CAA's layer and scale).
+within the cost budget (the memory selector with its bank recipe, the voice band, CAA's layer and
+scale).
 Torch-dependent modules are imported inside the functions, so the CLI's ``--help`` stays fast.
 """
 
@@ -18,17 +19,15 @@ from typing import Any
 from hf_memory.data import as_path, resource
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
-__all__ = ["BANK_RECIPE", "DEMO_PERSONA", "EVERY_LAYER_GAINS", "SHIPPED_DIRECTIONS",
-           "SHIPPED_PERSONAS", "build_persona", "build_selector", "every_layer_dial",
-           "persona_bank", "persona_json", "persona_spec", "shipped_persona",
-           "shipped_persona_name", "shipped_selector"]
+__all__ = ["BAND_PROMPTS", "BANK_RECIPE", "DEMO_PERSONA", "SHIPPED_DIRECTIONS",
+           "SHIPPED_PERSONAS", "band_prompts", "build_persona", "build_selector", "persona_bank",
+           "persona_json", "persona_spec", "shipped_persona", "shipped_persona_name",
+           "shipped_selector"]
 
 SHIPPED_DIRECTIONS = tuple(f"{trait}{sign}" for trait in "OCEAN" for sign in "+-")
 BANK_RECIPE = {"template": "{text}", "context": "system", "gain": 1.0}
 SHIPPED_PERSONAS = ("pirate",)
-# ρ for a persona's every-layer configuration (:func:`every_layer_dial`), ascending; ρ 0 is the
-# banks as a visible prompt would sit, without a bias
-EVERY_LAYER_GAINS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+BAND_PROMPTS = 8  # questions the voice band's replies are judged on
 DEMO_PERSONA = "pirate"  # a persona the embedded model voices from a visible prompt
 
 
@@ -114,22 +113,27 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
                   recipes: Sequence[str] | None = None, cost_budget: float | str | None = None,
                   progress: bool = True, **limits: Any):
     """Calibrate a shipped persona on its pairs within a cost budget: memory by
-    :func:`~hf_memory.recipes.persona.calibrate_persona`, CAA by :func:`~hf_memory.recipes.persona.
-    calibrate_caa`; writes the selector and the choices into ``out`` (default: the package's
-    own folder). ``recipes``: the bank recipes to try; ``cost_budget``: nats per token of
-    neutral text, or ``"prompt"``: the visible prompt's own cost on the same text (what memory
-    and CAA are then compared at); both default to the persona's own rule in ``persona.json``
-    (``recipes``, ``cost_budget``), else calibrate_persona's recipes and the default budget.
-    ``**limits``: ``kv_ceiling`` / ``capability_ceiling`` for calibrate_persona (default: its
-    own). Returns the :class:`~hf_memory.recipes.persona.PersonaSteering`."""
+    :func:`~hf_memory.recipes.persona.calibrate_persona`, CAA by
+    :func:`~hf_memory.recipes.persona.calibrate_caa`, the voice band by
+    :func:`~hf_memory.recipes.voice_band.voice_band` (within the prompt's own KV, judged on
+    :func:`band_prompts`); writes the selector and the choices into ``out`` (default: the
+    package's own folder). ``recipes``: the bank recipes to try; ``cost_budget``: nats per
+    token of neutral text, or ``"prompt"``: the visible prompt's own cost on the same text (what
+    memory and CAA are then compared at); both default to the persona's own rule in
+    ``persona.json`` (``recipes``, ``cost_budget``), else calibrate_persona's recipes and the
+    default budget. ``**limits``: ``kv_ceiling`` / ``capability_ceiling`` for
+    calibrate_persona (default: its own). Returns the
+    :class:`~hf_memory.recipes.persona.PersonaSteering`."""
     from pathlib import Path
 
     from hf_memory.artifacts.atomic_files import write_json
     from hf_memory.baselines.methods import PromptMethod
     from hf_memory.metrics.steering_cost import NeutralCost
     from hf_memory.recipes.persona import calibrate_caa, calibrate_persona
+    from hf_memory.recipes.voice_band import voice_band
 
     spec = persona_spec(name)
+    spec.pop("every_layer", None)  # what builds before the voice band wrote
     pairs, folder = spec.pop("pairs"), _persona_dir(name)
     recipes = recipes if recipes is not None else spec.get("recipes")
     rule = cost_budget if cost_budget is not None else spec.get("cost_budget",
@@ -144,7 +148,8 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
                               cost_budget=budget, progress=progress, **limits,
                               **({} if recipes is None else {"recipes": recipes}))
     _, caa = calibrate_caa(model, tokenizer, pairs, cost=cost, cost_budget=budget)
-    every_layer = every_layer_dial(found.banks, cost, budget)
+    band = voice_band(model, tokenizer, spec["text"], pairs, band_prompts(pairs), cost=cost,
+                      budget=budget)  # within the prompt's own KV
     with as_path(folder) as shipped:
         out = Path(out) if out is not None else Path(shipped)
         found.selector.save_pretrained(out / "selector")
@@ -152,7 +157,7 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
         spec.update(recipe=found.recipe, exemplars=recipe["exemplars"],
                     counter_exemplars=recipe.get("counter_exemplars", []),
                     sink_reads_banks=found.banks.sink_reads_banks, cost_budget=rule,
-                    budget=budget, every_layer=every_layer,
+                    budget=budget, band=band,
                     caa={"layer": caa["layer"], "scale": caa["scale"]}, trials=found.trials,
                     limits=found.limits)
         if recipes is not None:
@@ -163,25 +168,15 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
     return found
 
 
-def every_layer_dial(banks, cost, budget: float, gains: Sequence[float] = EVERY_LAYER_GAINS):
-    """The banks at every layer, as the visible prompt sits, at the largest ρ of ``gains`` whose
-    cost on neutral text (``cost``: a :class:`~hf_memory.metrics.steering_cost.NeutralCost`) stays
-    within ``budget`` (the cost grows with ρ on every measured curve; the scan stops at the
-    first setting over it). What a persona's voice needs on the embedded model where the
-    selector's few sites, chosen for the likelihood of its pairs, do not voice it (BENCHMARKS.md,
-    "The pirate persona of make demo"). Returns ``{"layers", "rho", "cost"}``, or None when
-    even the first setting is over the budget."""
-    from hf_memory.baselines.methods import MemoryMethod
+def band_prompts(pairs, count: int = BAND_PROMPTS) -> list[str]:
+    """The first ``count`` everyday questions that are neither a prompt of ``pairs`` nor one of
+    the demo's: what a persona's voice band is judged on, so that neither the judge's pairs nor
+    the demo's questions choose it."""
+    from hf_memory.recipes.calibration_data import everyday_questions
+    from hf_memory.recipes.demo import DEFAULT_PROMPTS
 
-    layers = sorted(set.intersection(*(set(bank.layers) for bank in banks.banks)))
-    found = None
-    for rho in sorted(gains):
-        spent = cost.measure(MemoryMethod(banks, layers=layers,
-                                          layer_gains=dict.fromkeys(layers, rho)))
-        if spent > budget:
-            break
-        found = {"layers": layers, "rho": float(rho), "cost": spent}
-    return found
+    taken = {prompt for prompt, _, _ in pairs} | set(DEFAULT_PROMPTS)
+    return [q for q in everyday_questions() if q not in taken][:count]
 
 
 def build_selector(model, tokenizer, direction: str, *, top_layers: int = 5,
