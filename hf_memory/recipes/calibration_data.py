@@ -12,8 +12,15 @@ from typing import Any
 
 from hf_memory.data import load_json
 
-__all__ = ["TRAIT_DESCRIPTORS", "calibration_pairs", "calibration_prompts", "direction_parts",
-           "everyday_questions"]
+__all__ = ["DEFAULT_PROMPTS", "TRAIT_DESCRIPTORS", "calibration_pairs", "calibration_prompts",
+           "direction_parts", "everyday_questions"]
+
+DEFAULT_PROMPTS = (  # the demo's questions (hf-memory demo); nothing calibrates on them
+    "How do you feel about your exam tomorrow?",
+    "What are your plans for the weekend?",
+    "Can you recommend a good book?",
+    "What did you have for breakfast?",
+)
 
 FACTORS = ("O", "C", "E", "A", "N")
 TRAIT_DESCRIPTORS = {

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hf_memory.metrics.text_quality import lexicon_rate, repetition
-from hf_memory.recipes.calibration_data import TRAIT_DESCRIPTORS
+from hf_memory.recipes.calibration_data import DEFAULT_PROMPTS, TRAIT_DESCRIPTORS
 from hf_memory.recipes.shipped import (
     BANK_RECIPE,
     DEMO_PERSONA,
@@ -46,12 +46,6 @@ __all__ = ["DEFAULT_PERSONA", "DEFAULT_PROMPTS", "DEFAULT_REFERENCE", "DemoResul
 
 DEFAULT_PERSONA, DEFAULT_REFERENCE = TRAIT_DESCRIPTORS["N"]  # anxious; calm
 DEFAULT_DIRECTION = "N+"
-DEFAULT_PROMPTS = (
-    "How do you feel about your exam tomorrow?",
-    "What are your plans for the weekend?",
-    "Can you recommend a good book?",
-    "What did you have for breakfast?",
-)
 DEFAULT_GAIN = 2.0  # bank gain when layers are hand-picked
 
 

@@ -172,8 +172,7 @@ def band_prompts(pairs, count: int = BAND_PROMPTS) -> list[str]:
     """The first ``count`` everyday questions that are neither a prompt of ``pairs`` nor one of
     the demo's: what a persona's voice band is judged on, so that neither the judge's pairs nor
     the demo's questions choose it."""
-    from hf_memory.recipes.calibration_data import everyday_questions
-    from hf_memory.recipes.demo import DEFAULT_PROMPTS
+    from hf_memory.recipes.calibration_data import DEFAULT_PROMPTS, everyday_questions
 
     taken = {prompt for prompt, _, _ in pairs} | set(DEFAULT_PROMPTS)
     return [q for q in everyday_questions() if q not in taken][:count]
