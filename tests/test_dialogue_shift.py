@@ -4,6 +4,7 @@ a bank swap moves the margin towards the new style."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -115,6 +116,31 @@ def test_conversation_scores_replies_as_one_full_pass_does(tiny, tokenizer):
     head = tokenizer.apply_chat_template(chat.messages[:-1], add_generation_prompt=True,
                                          tokenize=False)
     assert chat.cache.get_seq_length() == len(tokenizer(head, add_special_tokens=False).input_ids)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3_text"])
+def test_a_conversation_past_the_sliding_window_scores_as_full_passes_do(family, tokenizer):
+    """Sliding-window families (windows of 5 tokens here; Gemma 3 270M's is 512): scoring
+    candidates crops them off the cache, which a sliding layer's own cache cannot do once the
+    window is full (transformers raises), so the conversation keeps every token. Plain and
+    steered, every turn equals one full forward pass, far past the window."""
+    model = tiny_model(family, vocab_size=len(tokenizer), max_position_embeddings=2048)
+    bank = _bank(model, tokenizer, "I worry about everything.")
+    for steered in (False, True):
+        chat = (Conversation(model, tokenizer, banks=BankSet([bank], model=model),
+                             layers=[1, 2], layer_gains={1: 2.0, 2: 2.0}) if steered
+                else Conversation(model, tokenizer, system="You are brief."))
+        for user, assistant in TURNS:
+            chat.add("user", user)
+            got = chat.reply_logprobs([assistant, "No idea."])
+            with steer(model, [bank], layers=[1, 2], layer_gains={1: 2.0, 2: 2.0}) \
+                    if steered else contextlib.nullcontext():
+                want = [_hand_logprob(model, tokenizer, chat.messages, r)
+                        for r in (assistant, "No idea.")]
+            assert got == pytest.approx(want, abs=1e-9)
+            chat.add("assistant", assistant)
+        assert chat.cache.get_seq_length() > 5 * model.config.sliding_window
+        chat.close()
 
 
 def test_conversation_scores_under_steering_as_the_full_pass_does(tiny, tokenizer):

@@ -46,7 +46,9 @@ class Conversation:
         self.model, self.tokenizer = model, tokenizer
         self.messages: list[dict[str, str]] = (
             [{"role": "system", "content": system}] if system else [])
-        self.cache = DynamicCache(config=model.config)
+        # a full cache, also at sliding-window layers: candidates are scored and cropped off,
+        # and a sliding layer's own cache cannot roll back past its window
+        self.cache = DynamicCache()
         self.token_ids = torch.zeros(1, 0, dtype=torch.long)
         self._steering = steering
         self.handle: SteeringHandle | None = None
