@@ -26,6 +26,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..user_files import read_user_json
+
 __all__ = ["SHIFT_TURN", "STYLES", "TRANSITIONS", "check_case", "dialogue_cases", "load_cases",
            "parse_transition", "shift_request", "style_descriptor", "style_pairs",
            "transition_calibration"]
@@ -149,12 +151,7 @@ def load_cases(path: str | Path, book: Mapping[str, Any] | None = None
     """A user's cases (``--cases``): a JSON list of rows like :func:`dialogue_cases`'s, each
     checked by :func:`check_case` (against ``book``'s styles when given). One ``ValueError``
     names the file's or the case's problem."""
-    try:
-        cases = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ValueError(f"cannot read the cases {path}: {error.strerror}") from None
-    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    cases = read_user_json(path, "the cases")
     if not isinstance(cases, list) or not cases:
         raise ValueError(f"{path} must hold a non-empty JSON list of cases")
     for case in cases:

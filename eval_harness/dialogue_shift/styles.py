@@ -14,10 +14,11 @@ cases to run come with ``--cases`` and name these styles.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
+
+from ..user_files import read_user_json
 
 __all__ = ["MIN_CALIBRATION", "check_styles", "load_styles"]
 
@@ -72,10 +73,5 @@ def check_styles(data: Any, source: str) -> dict[str, Any]:
 
 def load_styles(path: str | Path) -> dict[str, Any]:
     """A user's styles file (``--styles``), checked by :func:`check_styles`."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ValueError(f"cannot read the styles {path}: {error.strerror}") from None
-    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
-        raise ValueError(f"the styles {path} are not valid JSON: {error}") from None
+    data = read_user_json(path, "the styles")
     return check_styles(data, str(path))

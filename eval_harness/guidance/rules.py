@@ -18,6 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..user_files import read_user_json
+
 __all__ = ["ITEM_FIELDS", "MIN_ITEMS", "check_rules", "load_rule_file", "shipped_rules"]
 
 SHIPPED_PATH = Path(__file__).parent / "guidance_rules.json"
@@ -68,10 +70,5 @@ def shipped_rules() -> dict[str, dict[str, Any]]:
 
 def load_rule_file(path: str | Path) -> dict[str, dict[str, Any]]:
     """A user's rules (``--rule-file``), checked by :func:`check_rules`."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ValueError(f"cannot read the rule file {path}: {error.strerror}") from None
-    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
-        raise ValueError(f"the rule file {path} is not valid JSON: {error}") from None
+    data = read_user_json(path, "the rule file")
     return check_rules(data, str(path))
