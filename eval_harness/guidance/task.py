@@ -238,8 +238,8 @@ def calibrate_rule(model, tokenizer, rule: str, config: GuidanceConfig,
         bank = MemoryBank.from_text(model, tokenizer, text, role="target", name="rule",
                                     template="{text}", context="system")
         banks = BankSet([bank], model=model)
-        drift = {other: _triples(rule_items(other, config.calibration_items, rules)[0]
-                                 [:config.drift_items])
+        first = min(config.drift_items, config.calibration_items)  # of its calibration items
+        drift = {other: _triples(rules[other]["items"][:first])
                  for other in rules if other != rule}
         selector = behavioural_selector(model, tokenizer, banks, pairs, drift, config,
                                         f"rule-{rule}")
