@@ -41,7 +41,7 @@ def test_the_flag_is_parsed_and_refused_where_it_means_nothing(capsys):
     with pytest.raises(SystemExit) as exit_info:  # the task's parser refuses the flag
         cli.main(["eval", "layer-ablation", "--persona-recipes", "contrast"])
     assert exit_info.value.code == 2
-    assert ("--persona-recipes is a dialogue-shift / trait-steering option, not "
+    assert ("--persona-recipes is a dialogue-shift / guidance / trait-steering option, not "
             "layer-ablation's"
             in capsys.readouterr().err)
 
