@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["DIRECTIONS", "FACTORS", "FAMILY_TASKS", "METHODS", "PERSONA_SETS", "RULES",
-           "check_positive_ints", "checked_directions"]
+           "check_persona_knobs", "check_positive_ints", "checked_directions"]
 
 FACTORS = ("O", "C", "E", "A", "N")
 METHODS = ("plain", "prompt", "caa", "memory")
@@ -45,3 +47,24 @@ def check_positive_ints(config, names) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{type(config).__name__}.{name} must be a positive integer, got "
                              f"{value!r}")
+
+
+def check_persona_knobs(recipes, examples: Any, examples_name: str, cost_budget: Any):
+    """The persona-call knobs a task config shares: ``recipes`` as a list (None stays None; the
+    exemplar recipes need at least 3 calibration examples, ``examples`` of them, called
+    ``examples_name``) and ``cost_budget`` a number of nats per token >= 0; else one
+    ``ValueError``."""
+    from hf_memory.recipes.persona_recipes import RECIPES, check_recipes
+
+    if recipes is not None:
+        recipes = check_recipes(recipes, "persona_recipes")
+        if any(RECIPES[r]["exemplars"] for r in recipes) and not (
+                isinstance(examples, int) and examples >= 3):
+            raise ValueError(f"the exemplars and contrast recipes take example replies from the "
+                             f"{examples_name}: give at least 3 {examples_name}, got "
+                             f"{examples!r}")
+    if isinstance(cost_budget, bool) or not isinstance(cost_budget, int | float) \
+            or not cost_budget >= 0:
+        raise ValueError(f"cost_budget must be a number of nats per token >= 0, got "
+                         f"{cost_budget!r}")
+    return recipes

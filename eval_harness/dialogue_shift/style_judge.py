@@ -144,6 +144,7 @@ class FittedStyleJudge:
         from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge
 
         self.judges, self.record = {}, {}
+        self._last: tuple[str | None, dict] = (None, {})
         for pair in book["pairs"]:
             a, b = pair["pair"]
             triples = [(i["question"], i[a], i[b]) for i in pair["calibration"]]
@@ -159,11 +160,20 @@ class FittedStyleJudge:
 
     def score(self, style: str, text: str) -> float:
         """0–1: how far ``text`` is on ``style``'s side of its pairs."""
-        sides = [(judge, first == style) for (first, second), judge in self.judges.items()
+        sides = [((first, second), first == style) for first, second in self.judges
                  if style in (first, second)]
         if not sides:
             raise ValueError(f"unknown style {style!r}")
-        probabilities = [judge.score([text])[0] for judge, _ in sides]
+        # score(new) and score(old) of one reply: each pair's judge runs once; read into a
+        # local first, so a thread sharing the judge never mixes two replies' scores
+        last = self._last
+        if last[0] != text:
+            last = (text, {})
+        for pair, _ in sides:
+            if pair not in last[1]:
+                last[1][pair] = self.judges[pair].score([text])[0]
+        self._last = last
+        probabilities = [last[1][pair] for pair, _ in sides]
         return sum(p if first else 1.0 - p
                    for p, (_, first) in zip(probabilities, sides, strict=True)) / len(sides)
 

@@ -69,7 +69,6 @@ from hf_memory.chat.generation import default_system_prompt
 from hf_memory.metrics.kv_accounting import kv_footprint
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.metrics.text_quality import repetition
-from hf_memory.recipes.persona_recipes import RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
 from hf_memory.selection.behavioural_search import ShiftObjective, best_strength
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
@@ -77,7 +76,7 @@ from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 from ..bigfive.task import CAA_FRAMES
 from ..directions import CAAFromStart, behavioural_selector
 from ..intervals import mean_interval
-from ..names import check_positive_ints
+from ..names import check_persona_knobs, check_positive_ints
 from .cases import (
     TRANSITIONS,
     check_case,
@@ -125,17 +124,8 @@ class DialogueShiftConfig:
     styles_file: str | None = None
 
     def __post_init__(self) -> None:
-        if self.persona_recipes is not None:
-            self.persona_recipes = check_recipes(self.persona_recipes, "persona_recipes")
-            if any(RECIPES[r]["exemplars"] for r in self.persona_recipes) and not (
-                    isinstance(self.calibration_pairs, int) and self.calibration_pairs >= 3):
-                raise ValueError("the exemplars and contrast recipes take example replies from "
-                                 "the calibration pairs: give at least 3 calibration pairs, "
-                                 f"got {self.calibration_pairs!r}")
-        if isinstance(self.cost_budget, bool) or not isinstance(self.cost_budget, int | float) \
-                or not self.cost_budget >= 0:
-            raise ValueError(f"cost_budget must be a number of nats per token >= 0, got "
-                             f"{self.cost_budget!r}")
+        self.persona_recipes = check_persona_knobs(self.persona_recipes, self.calibration_pairs,
+                                                   "calibration pairs", self.cost_budget)
         if not self.transitions:
             raise ValueError("give at least one transition")
         book = self.book()

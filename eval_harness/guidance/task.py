@@ -52,13 +52,12 @@ from hf_memory.baselines.methods import generate_with_each
 from hf_memory.metrics.kv_accounting import kv_footprint, prompt_kv_bytes
 from hf_memory.metrics.likelihood import reply_logprobs
 from hf_memory.metrics.text_quality import repetition
-from hf_memory.recipes.persona_recipes import RECIPES, check_recipes
 from hf_memory.selection.behavioural_calibration import DEFAULT_GAINS
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET
 
 from ..directions import behavioural_selector
 from ..intervals import mean_interval
-from ..names import RULES, check_positive_ints
+from ..names import RULES, check_persona_knobs, check_positive_ints
 from .rules import load_rule_file, shipped_rules
 
 __all__ = ["RULES", "GuidanceConfig", "RuleJudge", "rule_items", "rule_text", "run_guidance",
@@ -184,17 +183,8 @@ class GuidanceConfig:
                                    "top_layers", "batch_size", "num_bootstrap"))
         for rule in self.rules:  # each rule keeps questions held out
             rule_items(rule, self.calibration_items, known)
-        if self.persona_recipes is not None:
-            self.persona_recipes = check_recipes(self.persona_recipes, "persona_recipes")
-            if any(RECIPES[r]["exemplars"] for r in self.persona_recipes) \
-                    and self.calibration_items < 3:
-                raise ValueError("the exemplars and contrast recipes take example replies from "
-                                 "the calibration items: give at least 3, got "
-                                 f"{self.calibration_items}")
-        if isinstance(self.cost_budget, bool) or not isinstance(self.cost_budget, int | float) \
-                or not self.cost_budget >= 0:
-            raise ValueError(f"cost_budget must be a number of nats per token >= 0, got "
-                             f"{self.cost_budget!r}")
+        self.persona_recipes = check_persona_knobs(self.persona_recipes, self.calibration_items,
+                                                   "calibration items", self.cost_budget)
         if self.kv_ceiling is not None and (
                 isinstance(self.kv_ceiling, bool) or not isinstance(self.kv_ceiling, int | float)
                 or not self.kv_ceiling > 0):
