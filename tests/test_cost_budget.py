@@ -496,3 +496,45 @@ def test_searches_that_share_dial_probes_measure_nothing_twice():
         BudgetSearch(objective, banks(seed=5), 0.1, "kv_group", 2, probes=probes)
     with pytest.raises(ValueError, match="measured for other banks"):
         BudgetSearch(objective, pair, 0.2, "kv_group", 2, probes=probes)
+
+
+class KeyedObjective(TableObjective):
+    """A table objective with a ``key``: searches sharing probes may share its scores."""
+
+    def __init__(self, *args, key="pairs-a"):
+        super().__init__(*args)
+        self.key = key
+
+
+def test_searches_with_one_objective_and_control_score_nothing_twice():
+    """A screen (the upper layers alone) then the full search, sharing probes, the same
+    objective key and the recipe control: the full search scores none of the screen's single
+    layers again, and keeps what a search of its own keeps, every score equal. Another
+    objective, or another control, shares costs but not scores."""
+    cost = TableCost({layer: 0.02 * (layer + 1) for layer in range(5)})
+    table = {layer: [float(layer % 3), 1.0] for layer in range(5)}
+    presence = {layer: [0.1, 0.0] for layer in range(5)}
+    pair, control = banks(), banks(seed=3)
+    probes = DialProbes(recipe_control=control)
+
+    def search(objective, probes=None, control=control):
+        return BudgetSearch(objective, pair, 0.1, "kv_group", 2, control=control,
+                            strengths=[0.25, 0.5, 0.75, 1.0], probes=probes)
+
+    screen = KeyedObjective(table, presence, cost)
+    search(screen, probes).run([2, 3, 4], top_layers=1, unit_search=False, progress=False)
+    screened = {frozenset(units) for units, _ in screen.calls}
+    shared, alone = KeyedObjective(table, presence, cost), KeyedObjective(table, presence, cost)
+    found = search(shared, probes)
+    best = found.run(range(5), top_layers=2, progress=False)
+    fresh = search(alone)
+    assert best == fresh.run(range(5), top_layers=2, progress=False)
+    assert found.history == fresh.history  # every score, read or measured, the same
+    scored = [frozenset(units) for units, _ in shared.calls]
+    assert not screened & set(scored) and screened and len(scored) < len(alone.calls)
+    other = KeyedObjective(table, presence, cost, key="pairs-b")
+    search(other, probes).run([2, 3, 4], top_layers=1, unit_search=False, progress=False)
+    unshared = KeyedObjective(table, presence, cost)
+    search(unshared, probes, control=banks(seed=3)).run([2, 3, 4], top_layers=1,
+                                                        unit_search=False, progress=False)
+    assert len(other.calls) == len(unshared.calls) == len(screen.calls)

@@ -233,6 +233,20 @@ def test_the_default_call_measures_every_recipe_on_one_neutral_text(chat_tiny, m
     assert len(made) == 1 and made[0].evaluations >= 3
 
 
+def test_the_screen_scores_the_full_searchs_single_layers_from_two_fifths_of_the_depth():
+    from types import SimpleNamespace
+
+    from hf_memory.recipes.persona import _screen_layers
+    model = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=30))
+    assert _screen_layers(model, {}) == [12, 15, 18, 21, 24, 27]
+    assert _screen_layers(model, {"layer_stride": 2}) == list(range(12, 30, 2))
+    assert _screen_layers(model, {"candidate_layers": [20, 3, 25], "layer_stride": 1}) == [20,
+                                                                                         25]
+    assert _screen_layers(model, {"candidate_layers": [20, 3, 25]}) == [3]  # its only single
+    # candidates all below two fifths: the screen scores them all
+    assert _screen_layers(model, {"candidate_layers": [1, 2], "layer_stride": 1}) == [1, 2]
+
+
 def test_the_screen_searches_only_the_recipe_whose_best_single_layer_scores_highest(chat_tiny):
     """Every recipe's best single layer on a coarse grid, on its own calibration pairs within
     the same ceilings; the best is searched fully and kept, the others recorded as screened
@@ -251,6 +265,10 @@ def test_the_screen_searches_only_the_recipe_whose_best_single_layer_scores_high
                               capability_ceiling=None, judge=False, progress=False)
     assert alone.selector.layers == found.selector.layers
     assert alone.selector.strength == found.selector.strength
+    # the screen scored the kept recipe on its full search's pairs: that search read the
+    # screen's single layers instead of scoring them again, to the bit
+    assert found.selector.config["history"] == alone.selector.config["history"]
+    assert found.selector.config["evaluations"] < alone.selector.config["evaluations"]
     assert found.banks.sink_reads_banks is False  # the default: the first token keeps off them
     reading = calibrate_persona(model, tokenizer, TEXT, PAIRS, recipes=(found.recipe,),
                                 top_layers=1, unit_search=False, cost=cost, kv_ceiling=None,

@@ -28,9 +28,10 @@ token at ρ = 0 (``hf_memory/README.md``).
 cost
 budget, net of a neutral control built by the same recipe, sites that do not hold on a
 validation split dropped) and keeps the recipe whose validation movement is largest. By default
-the recipes are screened first (each one's best single layer, on a coarse grid of layers) and only
-the best is searched fully, reusing what the screen measured of its dial
-(:class:`~hf_memory.selection.budget_search.DialProbes`): about half the time of searching each.
+the recipes are screened first (each one's best single layer among the full search's single
+layers in the upper 60 % of the depth, on the pairs the full search scores) and only the best is
+searched fully, reusing what the screen measured of its dial and its scores
+(:class:`~hf_memory.selection.budget_search.DialProbes`).
 
 Two ceilings keep the economy the paper sells (both on by default, both lifted by ``None``):
 
@@ -65,9 +66,10 @@ from hf_memory.metrics.kv_accounting import prompt_kv_bytes
 from hf_memory.metrics.likelihood import check_pairs
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES, check_recipes
-from hf_memory.selection.behavioural_calibration import split_pairs
+from hf_memory.selection.behavioural_calibration import split_pairs, validation_split
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET, DialProbes
 from hf_memory.selection.defaults import CAPABILITY_SLACK, DEFAULT_KV_CEILING
+from hf_memory.selection.search_types import VALIDATION_FRACTION
 from hf_memory.selection.selector import Selector
 
 __all__ = ["CAA_LAYERS", "CAA_SCALES", "CAPABILITY_SLACK", "DEFAULT_KV_CEILING",
@@ -77,7 +79,8 @@ __all__ = ["CAA_LAYERS", "CAA_SCALES", "CAPABILITY_SLACK", "DEFAULT_KV_CEILING",
 MAX_EXEMPLARS = 8
 MIN_KV_HEADS = 3  # the exemplar count leaves room for this many KV heads of the banks
 JUDGED_PROMPTS = 8  # of the pairs' prompts, answered by each method for the reply judge
-SCREEN_STRIDE = 6  # the recipe screen scores every 6th layer alone
+# the recipe screen scores the full search's single layers from this fraction of the depth up
+SCREEN_FROM = 0.4
 REPORT_NAME = "persona.json"
 CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14, 18 of 30
 CAA_SCALES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -250,16 +253,34 @@ def _expected_trials(model, recipes: Sequence[str], top_layers: int, screen: boo
     additions, the units removed one at a time, the validation split's drops and the
     every-layer trial."""
     config = model.config
-    candidates = sorted(set(search.get("candidate_layers") or range(config.num_hidden_layers)))
-    screened = len(candidates[::search.get("layer_stride", 3)])
-    kept = min(top_layers, screened)
+    singles = len(_single_layers(model, search))
+    kept = min(top_layers, singles)
     grouped = config.num_key_value_heads < config.num_attention_heads
     units = config.num_key_value_heads if grouped else config.num_attention_heads
-    full = screened + kept - 1 + kept * units + kept + 2
+    full = singles + kept - 1 + kept * units + kept + 2
     count = len(dict.fromkeys(recipes))
     if screen and count > 1:
-        return count * (len(candidates[::SCREEN_STRIDE]) + 1) + full
+        return count * (len(_screen_layers(model, search)) + 1) + full
     return count * full
+
+
+def _single_layers(model, search: dict[str, Any]) -> list[int]:
+    """The layers the full search scores alone (its stage 1: every ``layer_stride``-th
+    candidate)."""
+    candidates = sorted(set(search.get("candidate_layers")
+                            or range(model.config.num_hidden_layers)))
+    return candidates[::search.get("layer_stride", 3)]
+
+
+def _screen_layers(model, search: dict[str, Any]) -> list[int]:
+    """The layers the recipe screen scores alone: the full search's single layers from
+    :data:`SCREEN_FROM` of the depth up (all of them where none is that high). A guess from
+    the searches recorded so far: the best single layer lay there in 22 of 24 (the two
+    others, Big Five selectors made with the first token reading the banks, scored below 0.1
+    nats there; personas page, "The recipe screen")."""
+    singles = _single_layers(model, search)
+    upper = [layer for layer in singles if layer >= SCREEN_FROM * model.config.num_hidden_layers]
+    return upper or singles
 
 
 def _exemplar_count(model, tokenizer, text: str, recipe: str, pairs, count: int,
@@ -304,14 +325,19 @@ def _recipe_banks(model, tokenizer, text: str, recipe: str, pairs, max_exemplars
 
 def _screened(model, tokenizer, built: list[dict[str, Any]], bar, limited: dict[str, Any],
               search: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The recipe whose best single layer (every :data:`SCREEN_STRIDE`-th, within the same
-    ceilings, on its calibration pairs) scores highest, and a record of each other one."""
-    cheap = {**search, "layer_stride": SCREEN_STRIDE, "unit_search": False, "validation": 0}
+    """The recipe whose best single layer (:func:`_screen_layers`, within the same ceilings)
+    scores highest, and a record of each other one. Each recipe is screened on the pairs its
+    full search will score (its calibration pairs less the validation split), so the full
+    search of the recipe kept reads the screen's single layers from its probes."""
+    cheap = {**search, "candidate_layers": _screen_layers(model, search), "layer_stride": 1,
+             "unit_search": False, "validation": 0}
     scores = []
     for entry in built:
         bar.set_description(f"persona calibration: screening {entry['recipe']}", refresh=False)
-        selector = Selector.calibrate_behavioural(model, tokenizer, entry["banks"],
-                                                  entry["scored"], top_layers=1, **limited,
+        searched, _ = validation_split(entry["scored"],
+                                       search.get("validation", VALIDATION_FRACTION))
+        selector = Selector.calibrate_behavioural(model, tokenizer, entry["banks"], searched,
+                                                  top_layers=1, **limited,
                                                   probes=entry["probes"], **cheap)
         scores.append(selector.config["best"]["score"])
     best = max(range(len(built)), key=scores.__getitem__)
@@ -347,9 +373,10 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     factual answer a setting may cost (``"prompt"``: the visible prompt's own cost plus
     :data:`CAPABILITY_SLACK`; None: not charged). See the module docstring. ``judge``: judge the
     kept steering's greedy replies (:func:`judge_replies`) into the result's ``judged``.
-    ``screen``: with several recipes, search fully only the one whose best single layer (every
-    :data:`SCREEN_STRIDE`-th) scores highest (about half the time of three full searches; False:
-    search each and keep the one that moves the validation pairs furthest).
+    ``screen``: with several recipes, search fully only the one whose best single layer (of
+    the full search's, from :data:`SCREEN_FROM` of the depth up) scores highest (about a third
+    of the time of three full searches; False: search each and keep the one that moves the
+    validation pairs furthest).
     ``sink_reads_banks``: whether the conversation's first token reads the banks (the module
     docstring; True: the paper's injection, as the shipped personas were calibrated).
     """

@@ -11,8 +11,6 @@ typed (:class:`~hf_memory.selection.search_types.BehaviouralConfig`), and so doe
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +27,7 @@ from hf_memory.selection.behavioural_search import (
     ShiftObjective,
     SiteScore,
     check_weight,
+    pairs_digest,
     search_sites,
 )
 from hf_memory.selection.budget_search import DEFAULT_STRENGTHS, PROMPT_LIKE_GAINS, BudgetSearch
@@ -44,16 +43,7 @@ from hf_memory.selection.search_types import (
 )
 
 __all__ = ["DEFAULT_GAINS", "VALIDATION_FRACTION", "calibrate_by_behaviour", "pairs_digest",
-           "split_pairs"]
-
-
-def pairs_digest(pairs: Sequence[tuple[str, str, str]],
-                 drift_pairs: Mapping[str, Sequence[tuple[str, str, str]]] | None = None) -> str:
-    """SHA-256 of calibration pairs and drift groups (recorded by a behavioural selector)."""
-    return hashlib.sha256(json.dumps(
-        [[list(p) for p in pairs],
-         {k: [list(p) for p in v] for k, v in (drift_pairs or {}).items()}],
-        sort_keys=True).encode()).hexdigest()
+           "split_pairs", "validation_split"]
 
 
 @torch.no_grad()
@@ -182,13 +172,9 @@ def calibrate_by_behaviour(
             check_weight("cost_budget", cost_budget)
         cost = cost if cost is not None else NeutralCost(model, tokenizer,
                                                          batch_size=search.batch_size)
-    held = 0
-    if cost_budget is not None:  # the validation split: a budgeted search's alone
-        validation = budgeted.validation
-        if not (isinstance(validation, int | float) and 0 <= validation < 1):
-            raise ValueError(f"validation must be a fraction in [0, 1), got {validation!r}")
-        held = int(len(pairs) * validation) if len(pairs) * validation >= 2 else 0
-    search_pairs, check_pairs = split_pairs(pairs, held)
+    # the validation split: a budgeted search's alone
+    search_pairs, check_pairs = (validation_split(pairs, budgeted.validation)
+                                 if cost_budget is not None else (list(pairs), []))
     objective = ShiftObjective(model, tokenizer, search_pairs, dict(drift_pairs or {}),
                                drift_weight=weights.drift_weight,
                                uncertainty_weight=weights.uncertainty_weight,
@@ -204,7 +190,13 @@ def calibrate_by_behaviour(
             if control_banks != "recipe":
                 raise ValueError("control_banks must be a BankSet, 'recipe' or None, got "
                                  f"{control_banks!r}")
-            control_banks = neutral_control(model, tokenizer, banks)
+            probes = budgeted.probes
+            if probes is None:
+                control_banks = neutral_control(model, tokenizer, banks)
+            else:  # one control for every search sharing the probes: their scores are shared
+                if probes.recipe_control is None:
+                    probes.recipe_control = neutral_control(model, tokenizer, banks)
+                control_banks = probes.recipe_control
         return _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective,
                          candidates, cost_budget=cost_budget,
                          control_banks=control_banks, strengths=budgeted.strengths,
@@ -315,6 +307,17 @@ def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates
                                "tokens": objective.cost.tokens},
                 "best": best.as_dict(), "history": [h.as_dict() for h in search.history]},
         fingerprint=model_fingerprint(model))
+
+
+def validation_split(pairs: Sequence[tuple[str, str, str]], validation: float
+                     ) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """(search pairs, validation pairs) of a budgeted search holding out ``validation`` of
+    ``pairs`` (:func:`split_pairs`; none where that would be fewer than 2)."""
+    if isinstance(validation, bool) or not (isinstance(validation, int | float)
+                                            and 0 <= validation < 1):
+        raise ValueError(f"validation must be a fraction in [0, 1), got {validation!r}")
+    held = int(len(pairs) * validation) if len(pairs) * validation >= 2 else 0
+    return split_pairs(pairs, held)
 
 
 def split_pairs(pairs: Sequence[tuple[str, str, str]], held: int

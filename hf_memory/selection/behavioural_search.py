@@ -26,6 +26,8 @@ Search, with a fixed budget of scored configurations (each one batch of forward 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,6 +125,14 @@ class ShiftObjective:
         self.plain = pair_margins(self.model, self.tokenizer, self._all,
                                   batch_size=self.batch_size, plain_states=self.plain_states)
 
+    @property
+    def key(self) -> tuple:
+        """What :meth:`measure` depends on beside the method (and the cost it is given): the
+        pairs, the drift groups, the weights and the batch size. Two objectives with the same
+        key score a method alike, to the bit."""
+        return (pairs_digest(self.pairs, self.drift_pairs), self.drift_weight,
+                self.uncertainty_weight, self.cost_weight, self.batch_size)
+
     def split(self, shift: torch.Tensor) -> tuple[float, float, float]:
         """(target movement, its standard error, drift) of per-pair shifts ordered as pairs,
         then drift groups."""
@@ -157,6 +167,15 @@ class ShiftObjective:
         target, se, drift = self.split(shift)
         return {"target": target, "target_se": se, "drift": drift,
                 "score": self.score(target, se, drift, cost), **extra}
+
+
+def pairs_digest(pairs: Sequence[tuple[str, str, str]],
+                 drift_pairs: Mapping[str, Sequence[tuple[str, str, str]]] | None = None) -> str:
+    """SHA-256 of calibration pairs and drift groups (recorded by a behavioural selector)."""
+    return hashlib.sha256(json.dumps(
+        [[list(p) for p in pairs],
+         {k: [list(p) for p in v] for k, v in (drift_pairs or {}).items()}],
+        sort_keys=True).encode()).hexdigest()
 
 
 def check_weight(name: str, value: float) -> float:

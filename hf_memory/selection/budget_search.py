@@ -83,13 +83,20 @@ Units = dict[int, tuple[int, ...]]
 @dataclass
 class DialProbes:
     """What searches of one bank set have measured on the dial: the neutral-text and
-    capability costs by (sites, setting) and the strongest setting found by sites. Searches
-    that share it (a screen, then the full search of the banks it kept) measure nothing twice;
-    it refuses a search of other banks, costs, ceilings or dial (ValueError)."""
+    capability costs by (sites, setting), the strongest setting found by sites, and the
+    objective's scores by (objective, sites, setting). Searches that share it (a screen, then
+    the full search of the banks it kept) measure nothing twice; it refuses a search of other
+    banks, costs, ceilings or dial (ValueError).
+
+    ``recipe_control``: the neutral control built from the banks' recipe, made once for every
+    search that shares these probes; scores are shared only between searches netted against
+    it (or against no control)."""
 
     costs: dict[tuple, float] = field(default_factory=dict)
     capability: dict[tuple, float] = field(default_factory=dict)
     strongest: dict[tuple, int] = field(default_factory=dict)
+    scores: dict[tuple, dict[str, float]] = field(default_factory=dict)
+    recipe_control: BankSet | None = None
     measured_for: tuple | None = None
 
     def bind(self, search: BudgetSearch) -> None:
@@ -278,16 +285,31 @@ class BudgetSearch:
                                presence=0.0 if self.control is not None else None, units=frozen)
         else:
             strength, gain = self.settings[index]
-            control = (self._method(self.control, units, index)
-                       if self.control is not None else None)
-            measured = self.objective.measure(self._method(self.banks, units, index),
-                                              control=control, cost=self._cost(units, index))
+            measured = self._measured(units, index)
             result = SiteScore(layers, gain, strength=strength, units=frozen,
                                capability=self.capability_cost(units, index), **measured)
         self.history.append(result)
         if self.progress_bar is not None:
             self.progress_bar.update()
         return result
+
+    def _measured(self, units: Units, index: int) -> dict[str, float]:
+        """The objective's measurement of ``units`` at setting ``index``, net of the control;
+        read from the shared probes where a search with the same objective and control
+        measured it (an objective without a ``key`` is always measured)."""
+        shared = self.control is None or self.control is self.probes.recipe_control
+        objective_key = getattr(self.objective, "key", None)
+        key = ((objective_key, self.control is not None, tuple(sorted(units.items())), index)
+               if shared and objective_key is not None else None)
+        if key is not None and key in self.probes.scores:
+            return self.probes.scores[key]
+        control = (self._method(self.control, units, index)
+                   if self.control is not None else None)
+        measured = self.objective.measure(self._method(self.banks, units, index),
+                                          control=control, cost=self._cost(units, index))
+        if key is not None:
+            self.probes.scores[key] = measured
+        return measured
 
     def every_layer(self, layers: Sequence[int]) -> SiteScore | None:
         """Every layer of ``layers`` whose bank alone (all units, full strength at the base
