@@ -143,7 +143,9 @@ def calibrate_by_behaviour(
             when it is within both ceilings.
         probes: a :class:`~hf_memory.selection.budget_search.DialProbes` an earlier search of
             the same banks, costs and ceilings filled (budgeted search): nothing it measured
-            is measured again (None: the search's own).
+            is measured again, scores included where the search pairs and weights are the
+            same and ``control_banks`` is ``"recipe"`` (built once, kept in the probes) or
+            None (None: the search's own).
         config: the knobs above as one :class:`~hf_memory.selection.search_types.BehaviouralConfig`
             (its ``algorithm`` names the search), instead of the keywords.
 
