@@ -538,3 +538,53 @@ def test_searches_with_one_objective_and_control_score_nothing_twice():
     search(unshared, probes, control=banks(seed=3)).run([2, 3, 4], top_layers=1,
                                                         unit_search=False, progress=False)
     assert len(other.calls) == len(unshared.calls) == len(screen.calls)
+
+
+def test_single_layers_measured_in_two_threads_are_the_search_one_at_a_time(chat_tiny):
+    """Real passes of the tiny model (neutral text, factual answers, pairs with a control),
+    the single layers measured two at a time: the same history, to the bit, the same probes
+    and caches as one after the other."""
+    from hf_memory.metrics.factual import AnswerCost
+
+    model, tokenizer = chat_tiny
+    target = BankSet([random_bank("t", "target", 4, seed=1)])
+    neutral = BankSet([random_bank("n", "target", 4, seed=2)])
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    capability = AnswerCost(model, tokenizer)
+    runs = {}
+    for workers in (1, 2):
+        probes = DialProbes()
+        selector = Selector.calibrate_behavioural(
+            model, tokenizer, target, PAIRS, cost_budget=0.5, cost=cost, control_banks=neutral,
+            top_layers=2, layer_stride=1, strengths=[0.25, 0.5, 0.75, 1.0], capability=capability,
+            capability_ceiling=0.5, validation=0, probes=probes, workers=workers, progress=False)
+        runs[workers] = (selector.config, probes)
+    (serial, serial_probes), (threaded, threaded_probes) = runs[1], runs[2]
+    assert threaded["history"] == serial["history"]
+    assert threaded["best"] == serial["best"]
+    assert (threaded["evaluations"], threaded["cost_probes"]) == (serial["evaluations"],
+                                                                   serial["cost_probes"])
+    assert threaded_probes.costs == serial_probes.costs
+    assert threaded_probes.capability == serial_probes.capability
+    assert threaded_probes.strongest == serial_probes.strongest
+    with pytest.raises(ValueError, match="workers must be a thread count"):
+        Selector.calibrate_behavioural(model, tokenizer, target, PAIRS, cost=cost, workers=0,
+                                       progress=False)
+
+
+def test_configurations_that_contain_one_another_are_scored_one_after_the_other():
+    """A configuration's dial search starts from what the ones it contains found: score_each
+    measures nested configurations in order, as score() one after another does."""
+    def search():
+        cost = TableCost({0: 0.04, 1: 0.04})
+        return BudgetSearch(TableObjective({0: [1.0, 1.0], 1: [1.0, 1.0]},
+                                           {0: [0.0, 0.0], 1: [0.0, 0.0]}, cost),
+                            banks(), 0.1, "kv_group", 2, control=banks(seed=3),
+                            strengths=[0.25, 0.5, 0.75, 1.0], workers=2)
+
+    nested = [{0: (0,)}, {0: (0, 1)}, {0: (0, 1), 1: (0, 1)}]
+    each, one_by_one = search(), search()
+    assert each.score_each(nested) == [one_by_one.score(units) for units in nested]
+    assert each.history == one_by_one.history
+    assert each.objective.cost.calls == one_by_one.objective.cost.calls
+    assert each.objective.calls == one_by_one.objective.calls  # in the same order

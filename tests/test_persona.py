@@ -147,7 +147,7 @@ def test_the_budgeted_search_tries_the_prompts_own_configuration(chat_tiny):
     cost = NeutralCost(model, tokenizer, passages=PASSAGES)
     selector = Selector.calibrate_behavioural(
         model, tokenizer, banks, PAIRS, cost=cost, cost_budget=10.0, top_layers=1,
-        layer_stride=1, unit_search=False, progress=False)
+        layer_stride=1, unit_search=False, progress=False, workers=2)
     trial, check = selector.config["every_layer_trial"], selector.config["validation"]
     every = list(range(model.config.num_hidden_layers))
     assert trial["layers"] == every  # within a budget of 10 nats every layer qualifies
@@ -163,6 +163,15 @@ def test_the_budgeted_search_tries_the_prompts_own_configuration(chat_tiny):
         MemoryMethod(banks, **steering),
         control=MemoryMethod(neutral_control(model, tokenizer, banks), **steering))
     assert measured["target"] == pytest.approx(trial["validation_target"], abs=1e-5)
+    one_thread = Selector.calibrate_behavioural(  # the probes one after the other
+        model, tokenizer, banks, PAIRS, cost=cost, cost_budget=10.0, top_layers=1,
+        layer_stride=1, unit_search=False, progress=False, workers=1)
+    assert one_thread.config == selector.config
+    greedy_only = Selector.calibrate_behavioural(  # what the recipe screen runs
+        model, tokenizer, banks, PAIRS, cost=cost, cost_budget=10.0, top_layers=1,
+        layer_stride=1, unit_search=False, progress=False, every_layer=False)
+    assert greedy_only.config["every_layer_trial"] is None
+    assert all(len(h["layers"]) == 1 for h in greedy_only.config["history"])
     free = persona_banks(model, tokenizer, TEXT, recipe="descriptor")
     assert Selector.calibrate_behavioural(
         model, tokenizer, free, PAIRS, cost=cost, cost_budget=10.0, top_layers=1,

@@ -12,6 +12,7 @@ held out for reporting (:func:`exact_match` beside :class:`AnswerCost`).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,9 @@ class AnswerCost:
     split: str = "search"
     batch_size: int = 16
     evaluations: int = field(default=0, init=False)
+    # measured from several threads at once (a search's probe threads)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                  compare=False)
 
     def __post_init__(self) -> None:
         self.items = _checked(factual_items(self.split) if self.items is None else self.items)
@@ -83,7 +87,8 @@ class AnswerCost:
 
     def measure(self, method) -> float:
         """Mean over the items of log p_plain(reply) − log p_method(reply), nats."""
-        self.evaluations += 1
+        with self._lock:
+            self.evaluations += 1
         return float((self.plain - self._logprobs(method)).mean())
 
 

@@ -16,6 +16,9 @@ forward scales the input embeddings (Granite) gets full passes, never other logi
 that reads each layer's type by its index in the list (Gemma 2 and 3) runs with the list's types
 from the start.
 
+Passes may run from several threads at once (a search's probe threads): a kept layer two of
+them check at the same time is checked twice, to the same answer.
+
 Which passes start higher is the attached context's to say: a memory-steering handle
 (anything with ``active_sites``, the steered layers) starts at its lowest site; any other method
 (CAA, a prompt, per-row banks) runs the whole model.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +82,7 @@ class PlainStates:
         self.checked: dict[int, bool] = {}
         self.recorded = False
         self.reused = 0
+        self._lock = threading.Lock()  # passes run from several threads (a search's probes)
         self._rows: dict[Row, dict[int, torch.Tensor]] = {}
         self._sample: tuple[Row, ...] = ()
         self._sample_logits: torch.Tensor | None = None
@@ -153,7 +158,8 @@ class PlainStates:
                positions: torch.Tensor, keep: int) -> torch.Tensor:
         """The last ``keep`` positions' logits of a left-padded batch of ``rows``, run from
         layer ``start`` on the kept stream."""
-        self.reused += 1
+        with self._lock:
+            self.reused += 1
         return self._run(start, rows, mask, positions, keep)
 
     def _run(self, start: int, rows: Sequence[Row], mask: torch.Tensor, positions: torch.Tensor,

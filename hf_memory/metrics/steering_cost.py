@@ -13,6 +13,7 @@ prompt differently, or attaches from the end of the instruction, is scored as it
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,9 @@ class NeutralCost:
     max_new_tokens: int = 32
     batch_size: int = 16
     evaluations: int = field(default=0, init=False)
+    # measured from several threads at once (a search's probe threads)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                  compare=False)
 
     def __post_init__(self) -> None:
         shipped = cost_texts()
@@ -109,5 +113,6 @@ class NeutralCost:
     def measure(self, method) -> float:
         """Nats per token that ``method`` (anything with ``messages`` and ``attach``) adds to
         the neutral text's negative log-likelihood."""
-        self.evaluations += 1
+        with self._lock:
+            self.evaluations += 1
         return float((self.plain - self._logprobs(method)).sum()) / self.tokens

@@ -300,9 +300,12 @@ def _exemplar_count(model, tokenizer, text: str, recipe: str, pairs, count: int,
 
 
 def _recipe_banks(model, tokenizer, text: str, recipe: str, pairs, max_exemplars: int,
-                  kv_ceiling: int | None, sink_reads_banks: bool) -> dict[str, Any]:
-    """``{"recipe", "banks", "scored" (pairs to calibrate on), "examples" (exemplar pairs)}``,
-    or ``{"recipe", "skipped": why}`` when one KV head of its banks is over ``kv_ceiling``."""
+                  kv_ceiling: int | None, sink_reads_banks: bool,
+                  objectives: dict[tuple, Any]) -> dict[str, Any]:
+    """``{"recipe", "banks", "scored" (pairs to calibrate on), "examples" (exemplar pairs),
+    "probes"}``, or ``{"recipe", "skipped": why}`` when one KV head of its banks is over
+    ``kv_ceiling``. ``objectives``: the plain passes every recipe's probes share (the recipes
+    with exemplars hold out the same pairs)."""
     examples: list = []
     scored = pairs
     if RECIPES[recipe]["exemplars"]:
@@ -320,7 +323,8 @@ def _recipe_banks(model, tokenizer, text: str, recipe: str, pairs, max_exemplars
                                              f"{per_head} bytes, over the KV ceiling of "
                                              f"{kv_ceiling}"}
     return {"recipe": recipe, "banks": banks, "scored": scored, "examples": examples,
-            "probes": DialProbes()}  # the screen's measurements, reused by the full search
+            # the screen's measurements, reused by the full search
+            "probes": DialProbes(objectives=objectives)}
 
 
 def _screened(model, tokenizer, built: list[dict[str, Any]], bar, limited: dict[str, Any],
@@ -330,7 +334,7 @@ def _screened(model, tokenizer, built: list[dict[str, Any]], bar, limited: dict[
     full search will score (its calibration pairs less the validation split), so the full
     search of the recipe kept reads the screen's single layers from its probes."""
     cheap = {**search, "candidate_layers": _screen_layers(model, search), "layer_stride": 1,
-             "unit_search": False, "validation": 0}
+             "unit_search": False, "validation": 0, "every_layer": False}
     scores = []
     for entry in built:
         bar.set_description(f"persona calibration: screening {entry['recipe']}", refresh=False)
@@ -398,10 +402,10 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
                      search.get("batch_size", 16))
     if search.get("cost") is None:  # one neutral text for every recipe (its plain pass once)
         search["cost"] = NeutralCost(model, tokenizer, batch_size=search.get("batch_size", 16))
-    built, skipped = [], []
+    built, skipped, objectives = [], [], {}
     for recipe in dict.fromkeys(recipes):
         entry = _recipe_banks(model, tokenizer, text, recipe, pairs, max_exemplars,
-                              limits["kv_ceiling"], sink_reads_banks)
+                              limits["kv_ceiling"], sink_reads_banks, objectives)
         (skipped if "skipped" in entry else built).append(entry)
     limited = dict(cost_budget=cost_budget, kv_ceiling=limits["kv_ceiling"],
                    capability=limits["capability"],

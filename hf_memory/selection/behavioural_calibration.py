@@ -27,11 +27,13 @@ from hf_memory.selection.behavioural_search import (
     ShiftObjective,
     SiteScore,
     check_weight,
+    objective_key,
     pairs_digest,
     search_sites,
 )
 from hf_memory.selection.budget_search import DEFAULT_STRENGTHS, PROMPT_LIKE_GAINS, BudgetSearch
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
+from hf_memory.selection.probe_threads import check_workers
 from hf_memory.selection.search_types import (
     BUDGETED,
     DEFAULT_GAINS,
@@ -75,6 +77,8 @@ def calibrate_by_behaviour(
     capability: Any = None,
     capability_ceiling: float | None = None,
     probes: Any = None,
+    every_layer: bool = True,
+    workers: int | None = None,
     config: BehaviouralConfig | None = None,
 ) -> SelectionResult:
     """Select sites by the movement they cause within a cost budget (the default); returns the
@@ -146,6 +150,13 @@ def calibrate_by_behaviour(
             is measured again, scores included where the search pairs and weights are the
             same and ``control_banks`` is ``"recipe"`` (built once, kept in the probes) or
             None (None: the search's own).
+        every_layer: for banks in concatenated attention, also try every layer whose bank
+            alone is within budget, the visible prompt's configuration (budgeted search;
+            False: the greedy stages' choice only, e.g. a cheap screen).
+        workers: threads that measure independent configurations side by side (budgeted
+            search, its single layers; :mod:`hf_memory.selection.probe_threads`; None: 2
+            where the process may use two cores, 1: one after the other). The scores are the
+            same either way.
         config: the knobs above as one :class:`~hf_memory.selection.search_types.BehaviouralConfig`
             (its ``algorithm`` names the search), instead of the keywords.
 
@@ -157,6 +168,7 @@ def calibrate_by_behaviour(
                          {name: value for name, value in locals().items()
                           if name in _KEYWORDS}, _KEYWORDS)
     weights, budgeted = search.weights, search.budgeted
+    check_workers(budgeted.workers)  # before any pass
     cost_budget, cost = search.cost_budget, search.cost
     model_config = model.config
     get_adapter(model)
@@ -177,11 +189,24 @@ def calibrate_by_behaviour(
     # the validation split: a budgeted search's alone
     search_pairs, check_pairs = (validation_split(pairs, budgeted.validation)
                                  if cost_budget is not None else (list(pairs), []))
-    objective = ShiftObjective(model, tokenizer, search_pairs, dict(drift_pairs or {}),
-                               drift_weight=weights.drift_weight,
-                               uncertainty_weight=weights.uncertainty_weight,
-                               batch_size=search.batch_size, cost=cost,
-                               cost_weight=weights.cost_weight)
+    def build_objective() -> ShiftObjective:
+        return ShiftObjective(model, tokenizer, search_pairs, dict(drift_pairs or {}),
+                              drift_weight=weights.drift_weight,
+                              uncertainty_weight=weights.uncertainty_weight,
+                              batch_size=search.batch_size, cost=cost,
+                              cost_weight=weights.cost_weight)
+
+    shared = budgeted.probes.objectives if (cost_budget is not None
+                                             and budgeted.probes is not None) else None
+    if shared is None:
+        objective = build_objective()
+    else:  # one plain pass for every search of the same pairs that shares the probes
+        key = (objective_key(search_pairs, dict(drift_pairs or {}), weights.drift_weight,
+                             weights.uncertainty_weight, weights.cost_weight,
+                             search.batch_size), id(model), id(tokenizer), id(cost))
+        if key not in shared:
+            shared[key] = build_objective()
+        objective = shared[key]
     if cost_budget is None and (budgeted.kv_ceiling is not None
                                 or budgeted.capability is not None):
         raise ValueError("kv_ceiling and capability apply to the budgeted search: give a "
@@ -208,7 +233,8 @@ def calibrate_by_behaviour(
                          limits={"kv_ceiling": budgeted.kv_ceiling,
                                  "capability": budgeted.capability,
                                  "capability_ceiling": budgeted.capability_ceiling,
-                                 "probes": budgeted.probes})
+                                 "probes": budgeted.probes, "workers": budgeted.workers},
+                         every_layer=budgeted.every_layer)
     top_layers, gains = search.top_layers, search.unbudgeted.gains
     max_evaluations = search.unbudgeted.max_evaluations
     budget = (len(candidates) + top_layers + 2 * len(gains) if max_evaluations is None
@@ -241,11 +267,12 @@ _KEYWORDS = keyword_defaults(calibrate_by_behaviour)
 
 def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates, *,
               cost_budget, control_banks, strengths, dial_gains, unit_search, top_layers,
-              layer_stride, check_pairs, progress, limits) -> SelectionResult:
+              layer_stride, check_pairs, progress, limits, every_layer) -> SelectionResult:
     """:func:`calibrate_by_behaviour` under a cost budget (``objective`` over the search
     pairs; ``check_pairs``: the validation split, possibly empty; ``limits``: the KV and
     capability ceilings of :class:`BudgetSearch`)."""
     config = model.config
+    evaluated = objective.evaluations  # a shared objective counts other searches' too
     if control_banks is not None:
         control_banks.check_model(model)
     grouped = config.num_key_value_heads < config.num_attention_heads
@@ -271,7 +298,7 @@ def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates
              if check_pairs else None)
     if check is not None and best.units:
         best, checked = _prune_on_validation(search, best, check, singles)
-    if concatenated:
+    if concatenated and every_layer:
         best, checked, prompt_trial = _try_every_layer(search, best, checked, check, candidates)
     nan = SiteScore((), math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
     diagnostics = {name: torch.tensor([[float(getattr(singles.get(layer, nan), name))]
@@ -298,7 +325,8 @@ def _budgeted(model, tokenizer, banks, pairs, drift_pairs, objective, candidates
                 "kv_ceiling": search.kv_ceiling,
                 "kv_bytes": search.kv_bytes(dict(best.units or ())),
                 "capability_ceiling": search.capability_ceiling,
-                "evaluations": objective.evaluations, "cost_probes": search.cost_probes,
+                "evaluations": objective.evaluations - evaluated,
+                "cost_probes": search.cost_probes,
                 "steered_heads": sum(len(u) for u in units.values()) * heads_per_unit,
                 "num_pairs": len(pairs), "search_pairs": len(objective.pairs),
                 "validation": checked, "every_layer_trial": prompt_trial,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,7 @@ from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
 __all__ = ["DEFAULT_COST_BUDGET", "ShiftObjective", "SiteScore", "best_strength", "check_weight",
-           "search_sites", "summarize_shifts"]
+           "objective_key", "search_sites", "summarize_shifts"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ class ShiftObjective:
     cost: NeutralCost | None = None
     cost_weight: float = 0.0
     evaluations: int = 0
+    # measured from several threads at once (a search's probe threads)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                  compare=False)
 
     def __post_init__(self) -> None:
         check_pairs(self.pairs)
@@ -117,6 +121,7 @@ class ShiftObjective:
             if not group:
                 raise ValueError(f"drift group {name!r} has no pairs")
             check_pairs(group)
+        self._key: tuple | None = None
         self._all = list(self.pairs) + [p for g in self.drift_pairs.values() for p in g]
         sizes = [len(self.pairs)] + [len(g) for g in self.drift_pairs.values()]
         self._bounds = [0, *torch.tensor(sizes).cumsum(0).tolist()]
@@ -130,8 +135,11 @@ class ShiftObjective:
         """What :meth:`measure` depends on beside the method (and the cost it is given): the
         pairs, the drift groups, the weights and the batch size. Two objectives with the same
         key score a method alike, to the bit."""
-        return (pairs_digest(self.pairs, self.drift_pairs), self.drift_weight,
-                self.uncertainty_weight, self.cost_weight, self.batch_size)
+        if self._key is None:
+            self._key = objective_key(self.pairs, self.drift_pairs, self.drift_weight,
+                                      self.uncertainty_weight, self.cost_weight,
+                                      self.batch_size)
+        return self._key
 
     def split(self, shift: torch.Tensor) -> tuple[float, float, float]:
         """(target movement, its standard error, drift) of per-pair shifts ordered as pairs,
@@ -148,7 +156,8 @@ class ShiftObjective:
         model; with a ``cost``, also ``cost`` (``cost`` given: already measured). With a
         ``control`` (the same sites carrying a neutral bank), the target pairs' shifts are net
         of the control's (``presence``: its mean), so what any bank does there cannot score."""
-        self.evaluations += 1
+        with self._lock:
+            self.evaluations += 1
         shift = pair_margins(self.model, self.tokenizer, self._all, method=method,
                              batch_size=self.batch_size,
                              plain_states=self.plain_states) - self.plain
@@ -167,6 +176,14 @@ class ShiftObjective:
         target, se, drift = self.split(shift)
         return {"target": target, "target_se": se, "drift": drift,
                 "score": self.score(target, se, drift, cost), **extra}
+
+
+def objective_key(pairs: Sequence[ContrastPair], drift_pairs: Mapping[str, Sequence[ContrastPair]],
+                  drift_weight: float, uncertainty_weight: float, cost_weight: float,
+                  batch_size: int) -> tuple:
+    """:attr:`ShiftObjective.key` of an objective with these arguments, before it is built."""
+    return (pairs_digest(pairs, drift_pairs), float(drift_weight), float(uncertainty_weight),
+            float(cost_weight), batch_size)
 
 
 def pairs_digest(pairs: Sequence[tuple[str, str, str]],

@@ -51,6 +51,7 @@ it would not see a visible prompt, and loses its massive activation).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -65,6 +66,7 @@ from hf_memory.selection.behavioural_search import (
     SiteScore,
     check_weight,
 )
+from hf_memory.selection.probe_threads import check_workers, map_in_threads
 
 __all__ = ["DEFAULT_COST_BUDGET", "DEFAULT_STRENGTHS", "PROMPT_LIKE_GAINS", "BudgetSearch",
            "DialProbes"]
@@ -90,12 +92,16 @@ class DialProbes:
 
     ``recipe_control``: the neutral control built from the banks' recipe, made once for every
     search that shares these probes; scores are shared only between searches netted against
-    it (or against no control)."""
+    it (or against no control). ``objectives``: the objectives built so far (their plain
+    passes) by their key, the model, tokenizer and cost they measure with; a dict the probes of
+    other banks may share (a persona's recipes scored on the same pairs), since an objective
+    does not depend on the banks."""
 
     costs: dict[tuple, float] = field(default_factory=dict)
     capability: dict[tuple, float] = field(default_factory=dict)
     strongest: dict[tuple, int] = field(default_factory=dict)
     scores: dict[tuple, dict[str, float]] = field(default_factory=dict)
+    objectives: dict[tuple, ShiftObjective] = field(default_factory=dict)
     recipe_control: BankSet | None = None
     measured_for: tuple | None = None
 
@@ -116,7 +122,9 @@ class BudgetSearch:
     """One search (module docstring) of ``banks`` against ``objective`` (which must carry a
     cost); ``control``: the neutral bank set whose movement at the same sites is subtracted
     (None: raw movement); ``progress_bar``: a tqdm bar of a longer job that every scored
-    configuration advances (None: :meth:`run` shows its own)."""
+    configuration advances (None: :meth:`run` shows its own); ``workers``: threads that
+    measure independent configurations side by side (:meth:`score_each`; None:
+    :data:`~hf_memory.selection.probe_threads.DEFAULT_WORKERS`, 1: one after the other)."""
 
     objective: ShiftObjective
     banks: BankSet
@@ -132,11 +140,15 @@ class BudgetSearch:
     capability_ceiling: float | None = None
     progress_bar: Any = None
     probes: DialProbes | None = None
+    workers: int | None = None
     history: list[SiteScore] = field(default_factory=list)
     cost_probes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                  compare=False)
 
     def __post_init__(self) -> None:
         check_weight("cost_budget", self.cost_budget)
+        self.workers = check_workers(self.workers)
         if self.objective.cost is None:
             raise ValueError("a cost budget needs an objective with a cost (NeutralCost)")
         grid = sorted({float(s) for s in self.strengths})
@@ -204,7 +216,8 @@ class BudgetSearch:
     def _cost(self, units: Units, index: int) -> float:
         key = (tuple(sorted(units.items())), index)
         if key not in self._costs:
-            self.cost_probes += 1
+            with self._lock:
+                self.cost_probes += 1
             self._costs[key] = self.objective.cost.measure(
                 self._method(self.banks, units, index))
         return self._costs[key]
@@ -250,7 +263,7 @@ class BudgetSearch:
         """(lowest, highest) index the answer at ``units`` can have, from the configurations
         searched before (-1 and the top of the dial when none bounds it)."""
         low, high = -1, len(self.settings) - 1
-        for other, found in self._strongest.items():
+        for other, found in list(self._strongest.items()):  # a snapshot: threads add to it
             other = dict(other)
             if _contains(units, other):
                 high = min(high, found)
@@ -274,6 +287,28 @@ class BudgetSearch:
         """Measure ``units`` at grid strength ``index`` (default: the strongest within budget);
         no strength within budget scores as the plain model, exactly 0, without a pass. A
         configuration over the KV ceiling is refused (ValueError)."""
+        result = self._scored(units, index)
+        self._advance(result)
+        self.history.append(result)
+        return result
+
+    def score_each(self, configurations: Sequence[Units]) -> list[SiteScore]:
+        """:meth:`score` of each configuration, in order, measured in up to ``workers``
+        threads where none contains another (so that no one's dial search starts from
+        another's answer, :meth:`strongest`): the same scores, history and caches as one
+        after the other (the progress bar advances as each is measured)."""
+        configurations = list(configurations)
+        nested = any(_contains(a, b) for i, a in enumerate(configurations)
+                     for j, b in enumerate(configurations) if i != j)
+        if nested:
+            return [self.score(units) for units in configurations]
+        results = map_in_threads(self._scored, configurations, self.workers,
+                                 finished=self._advance)
+        self.history.extend(results)
+        return results
+
+    def _scored(self, units: Units, index: int | None = None) -> SiteScore:
+        """:meth:`score`'s measurement, not yet recorded in the history."""
         if not self.fits(units):
             raise ValueError(f"the configuration {units} carries {self.kv_bytes(units)} bytes "
                              f"of banks, over the KV ceiling of {self.kv_ceiling}")
@@ -281,17 +316,16 @@ class BudgetSearch:
         frozen = tuple(sorted(units.items()))
         index = self.strongest(units) if index is None else index
         if index < 0:
-            result = SiteScore(layers, 1.0, 0.0, 0.0, 0.0, strength=0.0, cost=0.0,
-                               presence=0.0 if self.control is not None else None, units=frozen)
-        else:
-            strength, gain = self.settings[index]
-            measured = self._measured(units, index)
-            result = SiteScore(layers, gain, strength=strength, units=frozen,
-                               capability=self.capability_cost(units, index), **measured)
-        self.history.append(result)
+            return SiteScore(layers, 1.0, 0.0, 0.0, 0.0, strength=0.0, cost=0.0,
+                             presence=0.0 if self.control is not None else None, units=frozen)
+        strength, gain = self.settings[index]
+        measured = self._measured(units, index)
+        return SiteScore(layers, gain, strength=strength, units=frozen,
+                         capability=self.capability_cost(units, index), **measured)
+
+    def _advance(self, _result: SiteScore) -> None:
         if self.progress_bar is not None:
             self.progress_bar.update()
-        return result
 
     def _measured(self, units: Units, index: int) -> dict[str, float]:
         """The objective's measurement of ``units`` at setting ``index``, net of the control;
@@ -320,8 +354,11 @@ class BudgetSearch:
         if not self.fits(dict.fromkeys(layers, every)):
             return None
         full = len(self.strengths) - 1  # the setting (1.0, base gain)
-        cheap = [layer for layer in sorted(set(layers))
-                 if self._cost({layer: every}, full) <= self.cost_budget]
+        layers = sorted(set(layers))
+        costs = map_in_threads(lambda layer: self._cost({layer: every}, full), layers,
+                               self.workers)  # independent probes
+        cheap = [layer for layer, cost in zip(layers, costs, strict=True)
+                 if cost <= self.cost_budget]
         units = dict.fromkeys(cheap, every)
         return self.score(units) if len(cheap) > 1 and self.fits(units) else None
 
@@ -341,18 +378,23 @@ class BudgetSearch:
         bar = self.progress_bar if outer else tqdm(desc="budgeted site search",
                                                    disable=not progress)
 
-        def scored(units: Units, index: int | None = None) -> SiteScore:
-            result = self.score(units, index)
+        def shown(results: list[SiteScore]) -> list[SiteScore]:
             if not outer:
-                bar.update()
-            bar.set_postfix_str(f"best {max(h.score for h in self.history):+.2f}", refresh=False)
-            return result
+                bar.update(len(results))
+            if self.history:
+                bar.set_postfix_str(f"best {max(h.score for h in self.history):+.2f}",
+                                    refresh=False)
+            return results
+
+        def scored(units: Units) -> SiteScore:
+            return shown([self.score(units)])[0]
 
         def better(trial: SiteScore, best: SiteScore) -> bool:
             return trial.score > best.score
 
         fitting = {layer: self.fitting(layer) for layer in candidates}
-        singles = [scored({layer: fitting[layer]}) for layer in candidates if fitting[layer]]
+        singles = shown(self.score_each([{layer: fitting[layer]} for layer in candidates
+                                          if fitting[layer]]))
         if not singles:
             raise ValueError(f"no candidate layer fits the KV ceiling of {self.kv_ceiling} "
                              f"bytes: one KV head of the banks at one layer is "

@@ -75,6 +75,8 @@ class BudgetedSettings:
     capability: Any = None  # an AnswerCost
     capability_ceiling: float | None = None
     probes: Any = None  # a DialProbes shared with an earlier search of the same banks
+    every_layer: bool = True
+    workers: int | None = None  # threads for independent probes (None: DEFAULT_WORKERS)
 
 
 @dataclass(frozen=True)
