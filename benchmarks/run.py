@@ -2,11 +2,11 @@
 
 Every benchmark prints its table and appends its rows to ``benchmarks/out/<subject>.jsonl``.
 At their defaults the set takes hours on a small machine; ``--quick`` runs each with small
-arguments (fewer tokens, repeats, lengths and rounds; one model shape) and leaves out the three
+arguments (fewer tokens, repeats, lengths and rounds; one model shape) and leaves out the four
 that time whole persona calibrations or lm-eval runs (calibration_speed, persona_call_time,
-lm_eval_cost), to check the set end to end (17 min on a shared 2-core machine, most of it the
-steering set's model loads, serving shapes and torch.compile). The vLLM and GPU benchmarks run
-in their own environments (``benchmarks/vllm``, ``benchmarks/gpu/run.sh``).
+probe_threads, lm_eval_cost), to check the set end to end (17 min on a shared 2-core machine,
+most of it the steering set's model loads, serving shapes and torch.compile). The vLLM and GPU
+benchmarks run in their own environments (``benchmarks/vllm``, ``benchmarks/gpu/run.sh``).
 
 Usage: python -m benchmarks.run [--subject steering|asm|air] [--quick] [--only NAME ...]
 """
@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, list[tuple[str, list[str] | None]]] = {
                                 "--new-tokens", "4"]),
         ("calibration_speed", None),
         ("persona_call_time", None),
+        ("probe_threads", None),
         ("lm_eval_cost", None),
     ],
     "asm": [
@@ -61,7 +62,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="only these benchmarks, as SUBJECT.NAME (e.g. asm.scan)")
     parser.add_argument("--quick", action="store_true",
-                        help="small arguments, the three slowest left out (see above)")
+                        help="small arguments, the four slowest left out (see above)")
     args = parser.parse_args()
     failed, times = [], []
     for subject in args.subject or list(BENCHMARKS):
