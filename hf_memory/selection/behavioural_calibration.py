@@ -149,7 +149,8 @@ def calibrate_by_behaviour(
             the same banks, costs and ceilings filled (budgeted search): nothing it measured
             is measured again, scores included where the search pairs and weights are the
             same and ``control_banks`` is ``"recipe"`` (built once, kept in the probes) or
-            None (None: the search's own).
+            None, and the objective's plain pass where its pairs are the same
+            (``DialProbes.objectives``; None: the search's own).
         every_layer: for banks in concatenated attention, also try every layer whose bank
             alone is within budget, the visible prompt's configuration (budgeted search;
             False: the greedy stages' choice only, e.g. a cheap screen).
