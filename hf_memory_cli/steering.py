@@ -170,7 +170,8 @@ def _selector_calibrate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     selector = Selector.calibrate_behavioural(
         model, tokenizer, banks, pairs, top_layers=args.top_layers, cost_budget=budget,
-        candidate_layers=args.candidate_layers, layer_stride=args.layer_stride)
+        candidate_layers=args.candidate_layers, layer_stride=args.layer_stride,
+        workers=args.workers)
     selector.save_pretrained(out)
     print(f"# {selector_line(selector, budget)} in {time.perf_counter() - start:.0f}s; "
           f"wrote {out}")
@@ -198,7 +199,8 @@ def _persona(args: argparse.Namespace) -> None:
     found = calibrate_persona(model, tokenizer, text, pairs, recipes=args.recipes,
                               cost_budget=args.cost_budget, top_layers=args.top_layers,
                               layer_stride=args.layer_stride, kv_ceiling=args.kv_ceiling,
-                              capability_ceiling=args.capability_ceiling)
+                              capability_ceiling=args.capability_ceiling,
+                              workers=args.workers)
     found.save_pretrained(out)
     for trial in found.trials:
         if "skipped" in trial:
@@ -426,6 +428,10 @@ def _search_arguments(parser: argparse.ArgumentParser, *, top_layers: int) -> No
                              "text (default: 0.1)")
     parser.add_argument("--layer-stride", type=positive_int, default=3, metavar="K",
                         help="score every K-th candidate layer alone (default: 3)")
+    parser.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                        help="threads that measure independent configurations side by side, "
+                             "to the same numbers (default: 2 where the process may use two "
+                             "cores; 1: one after the other)")
 
 
 def _pair_arguments(parser: argparse.ArgumentParser) -> None:

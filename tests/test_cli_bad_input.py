@@ -37,6 +37,7 @@ BAD_INPUTS = [
     (["persona", "--text", "a pirate", "--out", "{tmp}"], "is not a bank set folder"),
     (["persona", "--text", "a pirate", "--recipes", "voice", "--out", OUT],
      "recipes must be among"),
+    (["persona", "--text", "a pirate", "--workers", "0", "--out", OUT], "must be >= 1"),
     (["chat", "--strength", "2"], "must be in [0, 1]"),
     (["chat", "--banks", "{tmp}/banks"], "steering needs its sites"),
     (["generate", "--prompt", " "], "give non-empty prompts"),

@@ -147,7 +147,7 @@ def test_selector_pairs_then_calibrate(tiny_dirs, tmp_path, capsys):
     code, text, _ = cli(capsys, "selector", "calibrate", "--banks", banks, "--pairs",
                         str(tmp_path / "pairs.jsonl"), "--out", str(tmp_path / "s"),
                         "--top-layers", "1", "--candidate-layers", "0-1", "--layer-stride", "1",
-                        "--model", model)
+                        "--workers", "1", "--model", model)
     assert code == 0 and "wrote" in text
     selector = Selector.from_pretrained(tmp_path / "s")
     assert set(selector.layers) <= {0, 1}
