@@ -154,10 +154,12 @@ def calibrate_by_behaviour(
         every_layer: for banks in concatenated attention, also try every layer whose bank
             alone is within budget, the visible prompt's configuration (budgeted search;
             False: the greedy stages' choice only, e.g. a cheap screen).
-        workers: threads that measure independent configurations side by side (budgeted
-            search, its single layers; :mod:`hf_memory.selection.probe_threads`; None: 2
-            where the process may use two cores, 1: one after the other). The scores are the
-            same either way.
+        workers: threads that measure configurations side by side (budgeted search: its
+            single layers, and the greedy stages' next trials against the same best,
+            :meth:`~hf_memory.selection.budget_search.BudgetSearch.greedy`;
+            :mod:`hf_memory.selection.probe_threads`; None: 2 where the process may use two
+            cores, 1: one after the other). The history and the choice are the same either
+            way.
         config: the knobs above as one :class:`~hf_memory.selection.search_types.BehaviouralConfig`
             (its ``algorithm`` names the search), instead of the keywords.
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -362,6 +362,53 @@ class BudgetSearch:
         units = dict.fromkeys(cheap, every)
         return self.score(units) if len(cheap) > 1 and self.fits(units) else None
 
+    def greedy(self, best: SiteScore, moves: Sequence[Any],
+               trial_of: Callable[[SiteScore, Any], Units | None],
+               shown: Callable[[list[SiteScore]], Any] = lambda results: None, *,
+               stop: Callable[[SiteScore], bool] = lambda best: False) -> SiteScore:
+        """A greedy stage: each move's trial (``trial_of(best, move)``; None: no trial) scored
+        in turn against the best so far, kept where it scores higher, until ``stop(best)``.
+
+        With ``workers`` > 1 the next moves' trials are measured side by side, each against
+        the same best; they are taken in order, and those after a trial that wins are
+        discarded (measured again against the new best where their move comes up). A
+        discarded trial leaves only what its probes measured (costs, scores: the same values
+        whenever they are asked for again), never its dial answer, which would bound later
+        dial searches (:meth:`strongest`): the same history, choice and dial answers as one
+        trial at a time; only the probe counts can be larger. ``shown`` is called with each
+        recorded trial (a progress bar's postfix)."""
+        position = 0
+        while position < len(moves) and not stop(best):
+            batch, scan = [], position
+            while scan < len(moves) and len(batch) < self.workers:
+                units = trial_of(best, moves[scan])
+                scan += 1
+                if units is not None:
+                    batch.append((scan, units))
+            if not batch:
+                break
+            configurations = [units for _, units in batch]
+            if any(_contains(a, b) for i, a in enumerate(configurations)
+                   for j, b in enumerate(configurations) if i != j):
+                batch, configurations = batch[:1], configurations[:1]
+            known = set(self._strongest)
+            results = map_in_threads(self._scored, configurations, self.workers)
+            for k, ((after, _), result) in enumerate(zip(batch, results, strict=True)):
+                self._advance(result)
+                self.history.append(result)
+                shown([result])
+                position = after
+                if result.score > best.score:
+                    best = result
+                    for units in configurations[k + 1:]:  # discarded: forget their answers
+                        frozen = tuple(sorted(units.items()))
+                        if frozen not in known:
+                            self._strongest.pop(frozen, None)
+                    break
+            else:
+                position = scan
+        return best
+
     def run(self, candidates: Sequence[int], *, top_layers: int, unit_search: bool = True,
             layer_stride: int = 1, progress: bool = True) -> SiteScore:
         """The three stages of the module docstring; returns the best configuration. With
@@ -386,12 +433,6 @@ class BudgetSearch:
                                     refresh=False)
             return results
 
-        def scored(units: Units) -> SiteScore:
-            return shown([self.score(units)])[0]
-
-        def better(trial: SiteScore, best: SiteScore) -> bool:
-            return trial.score > best.score
-
         fitting = {layer: self.fitting(layer) for layer in candidates}
         singles = shown(self.score_each([{layer: fitting[layer]} for layer in candidates
                                           if fitting[layer]]))
@@ -402,31 +443,34 @@ class BudgetSearch:
                              "banks")
         order = [s.layers[0] for s in sorted(singles, key=lambda s: (-s.score, s.layers))]
         best = max(singles, key=lambda s: (s.score, -s.layers[0]))
-        for layer in order[:top_layers]:  # the next best singles, one trial each
-            if len(best.layers) >= top_layers:
-                break
-            added = self.fitting(layer, dict(best.units)) if layer not in best.layers else ()
-            if added:
-                trial = scored({**dict(best.units), layer: added})
-                if better(trial, best):
-                    best = trial
+
+        def added(best: SiteScore, layer: int) -> Units | None:
+            """Stage 2's trial: ``layer`` (the KV groups of it that fit) beside ``best``."""
+            extra = self.fitting(layer, dict(best.units)) if layer not in best.layers else ()
+            return {**dict(best.units), layer: extra} if extra else None
+
+        best = self.greedy(best, order[:top_layers], added, shown,
+                           stop=lambda best: len(best.layers) >= top_layers)
         if unit_search:
-            for layer, units in list(dict(best.units).items()):
-                for unit in units:
-                    current = dict(best.units)
-                    if layer not in current or unit not in current[layer]:
-                        continue
-                    kept = tuple(u for u in current[layer] if u != unit)
-                    trial_units = {k: v for k, v in current.items() if k != layer}
-                    if kept:
-                        trial_units[layer] = kept
-                    if trial_units:
-                        trial = scored(trial_units)
-                        if better(trial, best):
-                            best = trial
+            best = self.greedy(best, [(layer, unit) for layer, units in best.units or ()
+                                      for unit in units], _without, shown)
         if not outer:
             bar.close()
         return best
+
+
+def _without(best: SiteScore, move: tuple[int, int]) -> Units | None:
+    """Stage 3's trial: ``best`` less one unit (``(layer, unit)``; the layer goes with its last
+    unit), or None where ``best`` does not steer it or nothing would be left."""
+    layer, unit = move
+    current = dict(best.units)
+    if layer not in current or unit not in current[layer]:
+        return None
+    kept = tuple(u for u in current[layer] if u != unit)
+    trial = {k: v for k, v in current.items() if k != layer}
+    if kept:
+        trial[layer] = kept
+    return trial or None
 
 
 def _contains(outer: Units, inner: Units) -> bool:

@@ -1,4 +1,4 @@
-"""Independent probes of a search measured side by side, in threads.
+"""Probes of a search measured side by side, in threads.
 
 A search's probes are forward passes of one model (the neutral-text cost, the factual answers,
 the calibration pairs under a steering). Steering belongs to the calling context
