@@ -637,3 +637,25 @@ def test_a_greedy_trial_after_one_that_wins_is_discarded_and_its_dial_answer_for
                 for units, _ in two.objective.calls}
     assert ((0, (0,)),) in measured  # measured beside the winner ...
     assert ((0, (0,)),) not in one._strongest and two._strongest == one._strongest  # ... forgotten
+
+
+def test_greedy_trials_that_contain_one_another_are_measured_one_at_a_time():
+    """Moves whose trials nest (one's dial search would start from the other's answer) are
+    not measured side by side, and no move is skipped for it."""
+    moves = [{0: (0,)}, {0: (0, 1)}, {1: (0,)}, {0: (0, 1), 1: (1,)}]  # the first two nest
+
+    def search(workers):
+        cost = TableCost({0: 0.04, 1: 0.04})
+        return BudgetSearch(TableObjective({0: [1.0, 0.5], 1: [-1.0, 3.0]},
+                                           {0: [0.0, 0.0], 1: [0.0, 0.0]}, cost),
+                            banks(), 0.1, "kv_group", 2, control=banks(seed=3),
+                            strengths=[0.25, 0.5, 0.75, 1.0], workers=workers)
+
+    one, two = search(1), search(2)
+    start = one.score({1: (1,)})  # beaten by the last move only
+    two.score({1: (1,)})
+    chosen = one.greedy(start, moves, lambda best, units: units)
+    assert chosen.units == ((0, (0, 1)), (1, (1,)))
+    assert two.greedy(start, moves, lambda best, units: units) == chosen
+    assert two.history == one.history and len(one.history) == 1 + len(moves)
+    assert two._strongest == one._strongest

@@ -406,7 +406,7 @@ class BudgetSearch:
                             self._strongest.pop(frozen, None)
                     break
             else:
-                position = scan
+                position = batch[-1][0]
         return best
 
     def run(self, candidates: Sequence[int], *, top_layers: int, unit_search: bool = True,
