@@ -287,10 +287,7 @@ class BudgetSearch:
         """Measure ``units`` at grid strength ``index`` (default: the strongest within budget);
         no strength within budget scores as the plain model, exactly 0, without a pass. A
         configuration over the KV ceiling is refused (ValueError)."""
-        result = self._scored(units, index)
-        self._advance(result)
-        self.history.append(result)
-        return result
+        return self._record(self._scored(units, index))
 
     def score_each(self, configurations: Sequence[Units]) -> list[SiteScore]:
         """:meth:`score` of each configuration, in order, measured in up to ``workers``
@@ -326,6 +323,12 @@ class BudgetSearch:
     def _advance(self, _result: SiteScore) -> None:
         if self.progress_bar is not None:
             self.progress_bar.update()
+
+    def _record(self, result: SiteScore) -> SiteScore:
+        """``result`` into the history, the progress bar advanced."""
+        self._advance(result)
+        self.history.append(result)
+        return result
 
     def _measured(self, units: Units, index: int) -> dict[str, float]:
         """The objective's measurement of ``units`` at setting ``index``, net of the control;
@@ -394,9 +397,7 @@ class BudgetSearch:
             known = set(self._strongest)
             results = map_in_threads(self._scored, configurations, self.workers)
             for k, ((after, _), result) in enumerate(zip(batch, results, strict=True)):
-                self._advance(result)
-                self.history.append(result)
-                shown([result])
+                shown([self._record(result)])
                 position = after
                 if result.score > best.score:
                     best = result
