@@ -392,6 +392,56 @@ def test_routing_mass_is_recorded_and_sums_to_one():
     torch.testing.assert_close(routing.sum(-1), torch.ones(2, 2, 5, dtype=routing.dtype))
 
 
+def test_routing_per_slot_adds_up_to_each_banks_mass():
+    model = tiny_model("llama")
+    banks = [random_bank("t", "target", 4), random_bank("r", "reference", 3, seed=2),
+             random_bank("a", "auxiliary", 2, seed=3)]
+    recorded = {}
+    for per_slot in (False, True):
+        with steer(model, banks, layers=[1], units=[0, 2]) as handle:
+            handle.record_routing(per_slot=per_slot)
+            model(token_ids(2, 5))
+            (recorded[per_slot],) = handle.routing()[1]
+    per_bank, per_slot = recorded[False], recorded[True]
+    assert per_slot.shape == (2, 2, 5, 1 + 4 + 3 + 2)
+    grouped = torch.stack([per_slot[..., 0], per_slot[..., 1:5].sum(-1),
+                           per_slot[..., 5:8].sum(-1), per_slot[..., 8:].sum(-1)], dim=-1)
+    torch.testing.assert_close(grouped, per_bank)
+
+
+def test_routing_per_slot_follows_the_slots_order():
+    model = tiny_model("llama")
+    bank = random_bank("t", "target", 5, positions=torch.tensor([-7, -6, -5, -4, -3]))
+    order = torch.tensor([3, 0, 4, 1, 2])
+    shuffled = MemoryBank.from_tensors(bank.keys[:, :, order], bank.values[:, :, order],
+                                       name="t", layers=bank.layers,
+                                       positions=bank.positions[order])
+    recorded = []
+    for one in (bank, shuffled):
+        with steer(model, [one], layers=[1, 2]) as handle:
+            handle.record_routing(per_slot=True)
+            model(token_ids(2, 5))
+            recorded.append(handle.routing())
+    for layer in (1, 2):
+        (plain,), (moved,) = recorded[0][layer], recorded[1][layer]
+        torch.testing.assert_close(moved[..., 1:], plain[..., 1:][..., order])
+
+
+def test_keep_slots_keeps_those_slots_at_every_layer_with_their_positions():
+    bank = random_bank("t", "target", 5, positions=torch.tensor([-7, -6, -5, -4, -3]))
+    kept = bank.keep_slots([3, 0, 4])
+    assert torch.equal(kept.keys, bank.keys[:, :, [0, 3, 4]])
+    assert torch.equal(kept.values, bank.values[:, :, [0, 3, 4]])
+    assert kept.positions.tolist() == [-7, -4, -3] and kept.layers == bank.layers
+    assert (kept.provenance["slots_kept"], kept.provenance["slots_of"]) == ([0, 3, 4], 5)
+    again = kept.keep_slots([2])  # indices of the kept bank; the provenance counts the first's
+    assert torch.equal(again.keys, bank.keys[:, :, [4]])
+    assert (again.provenance["slots_kept"], again.provenance["slots_of"]) == ([4], 5)
+    for bad in ([], [5], [-1], [1, 1], "01"):
+        with pytest.raises(ValueError, match="slots must be distinct indices in"):
+            bank.keep_slots(bad)
+
+
 # -- bad input
 
 

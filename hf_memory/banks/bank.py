@@ -150,6 +150,25 @@ class MemoryBank:
     def with_gain(self, gain: float) -> MemoryBank:
         return replace(self, gain=gain)
 
+    def keep_slots(self, slots: Sequence[int]) -> MemoryBank:
+        """The bank with only ``slots`` (slot indices, kept in the bank's order) at every
+        layer, their phases or positions with them; the provenance records which were kept."""
+        chosen = sorted({int(s) for s in slots}) if not isinstance(slots, str) else []
+        if not chosen or len(chosen) != len(slots) or chosen[0] < 0 \
+                or chosen[-1] >= self.num_slots:
+            raise ValueError(f"bank {self.name!r}: slots must be distinct indices in "
+                             f"[0, {self.num_slots}), at least one; got {slots!r}")
+        index = torch.tensor(chosen, device=self.keys.device)
+        extra = {k: getattr(self, k)[index.to(getattr(self, k).device)].clone()
+                 for k in ("phases", "positions") if getattr(self, k) is not None}
+        before = self.provenance.get("slots_kept")  # kept twice: indices of the first bank
+        return replace(self, keys=self.keys[:, :, index].clone(),
+                       values=self.values[:, :, index].clone(), **extra,
+                       provenance={**self.provenance,
+                                   "slots_kept": chosen if before is None
+                                   else [before[i] for i in chosen],
+                                   "slots_of": self.provenance.get("slots_of", self.num_slots)})
+
     @classmethod
     def from_tensors(
         cls,

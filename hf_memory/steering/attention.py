@@ -65,6 +65,7 @@ class SiteState:
     all_heads: bool = False
     routing: list[torch.Tensor] = field(default_factory=list)
     record_routing: bool = False
+    routing_per_slot: bool = False  # the recorded routing per slot column, not per bank
     trace_only: bool = False
     strength: float = 1.0
     path: str = "auto"
@@ -166,7 +167,8 @@ def _mixtures(q_pre, query, key, value, visible, site: SiteState, scaling: float
     def mixture(stack: BankStack, with_routing: bool):
         return bank_mixture(q_pre, query, key, value, visible, stack, scaling=scaling,
                             gamma=site.gamma, size_normalize=site.size_normalize,
-                            with_routing=with_routing, softcap=kwargs.get("softcap"))
+                            with_routing=with_routing, softcap=kwargs.get("softcap"),
+                            per_slot=site.routing_per_slot)
 
     mixed, routing = mixture(site.stack, site.record_routing)
     against = None if site.minus is None else mixture(site.minus, False)[0]

@@ -164,6 +164,7 @@ class SteeringHandle(CallSteering):
         self._overrides = (gamma, size_normalize)
         self._trace_only = trace_only
         self._record_routing = False
+        self._routing_per_slot = False
         self._sites: dict[int, SiteState] = {}
         self._by_module: dict[int, SiteState] = {}  # by id(): torch.compile traces int keys
         self.audit_log: list[dict[str, Any]] = []
@@ -205,7 +206,8 @@ class SteeringHandle(CallSteering):
         return SiteState(
             heads=heads, stack=plan.stack, all_heads=len(plan.heads) == self._heads,
             gamma=plan.gamma, size_normalize=plan.size_normalize,
-            record_routing=self._record_routing, trace_only=self._trace_only,
+            record_routing=self._record_routing, routing_per_slot=self._routing_per_slot,
+            trace_only=self._trace_only,
             strength=self._site_strength, path=self._mixture_path, kv_index=kv_index,
             head_slots=head_slots, minus=plan.minus, minus_slots=minus_slots,
             sink_reads_banks=sink_reads_banks)
@@ -264,20 +266,23 @@ class SteeringHandle(CallSteering):
         return {layer: heads for layer, heads in self.sites.items()
                 if self._sites[layer].stack is not None}
 
-    def record_routing(self, enabled: bool = True) -> None:
-        """Keep the routing mass π of every steered forward pass (see :meth:`routing`).
+    def record_routing(self, enabled: bool = True, *, per_slot: bool = False) -> None:
+        """Keep the routing mass π of every steered forward pass (see :meth:`routing`), per
+        bank or (``per_slot``) per slot.
 
         The setting survives :meth:`update`; turning it on (again) clears what was recorded.
         """
-        self._record_routing = enabled
+        self._record_routing, self._routing_per_slot = enabled, per_slot
         for site in self._sites.values():
-            site.record_routing = enabled
+            site.record_routing, site.routing_per_slot = enabled, per_slot
             site.routing.clear()
 
     def routing(self, *, clear: bool = False) -> dict[int, list[torch.Tensor]]:
         """Recorded routing masses per layer: ``[B, H_sel, T, 1 + n_banks]`` per forward pass.
 
-        Column 0 is the prompt bank, column 1 + i the i-th bank of the bank set.
+        Column 0 is the prompt bank, column 1 + i the i-th bank of the bank set; recorded
+        ``per_slot``, ``[B, H_sel, T, 1 + M]``: column 1 + j the j-th slot of the layer's banks
+        (the bank set's banks in order, their slots concatenated).
         """
         recorded = {layer: list(site.routing) for layer, site in self._sites.items()}
         if clear:

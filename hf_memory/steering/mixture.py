@@ -228,6 +228,7 @@ def bank_mixture(
     size_normalize: bool = True,
     with_routing: bool = False,
     softcap: float | None = None,
+    per_slot: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Steered attention output for every query head, in the banks' compute dtype.
 
@@ -250,10 +251,12 @@ def bank_mixture(
         softcap: the model's attention logit soft-cap (Gemma 2): every scaled score ``s``, of
             history and bank slots alike, becomes ``softcap · tanh(s / softcap)`` before masks
             and biases, as the stock attention caps the prompt's.
+        per_slot: the routing per slot column instead of per bank.
 
     Returns:
         ``(output [B, H, T, D], routing [B, H, T, 1 + n_banks] or None)``: column 0 of the
-        routing is the prompt bank, column 1 + i the i-th bank.
+        routing is the prompt bank, column 1 + i the i-th bank (``per_slot``: the i-th slot
+        column of ``stack``, ``[B, H, T, 1 + M_total]``).
     """
     kv_heads = key.shape[1]
     batch, heads, q_len, _ = q_post.shape
@@ -268,8 +271,10 @@ def bank_mixture(
              .view(b, kv_heads, g, t, -1) + _by_slots(weights[..., span:], stack.values))
     routing = None
     if with_routing:
-        per_bank = weights.new_zeros(*weights.shape[:-1], stack.num_banks)
-        per_bank.index_add_(-1, stack.column_bank, weights[..., span:])
+        per_bank = weights[..., span:]
+        if not per_slot:
+            per_bank = weights.new_zeros(*weights.shape[:-1], stack.num_banks)
+            per_bank.index_add_(-1, stack.column_bank, weights[..., span:])
         routing = torch.cat([weights[..., :span].sum(-1, keepdim=True), per_bank], dim=-1)
         routing = routing.reshape(batch, heads, q_len, -1)
     return mixed.reshape(batch, heads, q_len, -1), routing
