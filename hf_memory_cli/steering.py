@@ -30,6 +30,7 @@ from .types import (
     persona_recipes,
     positive_int,
     strength,
+    voice_budget,
 )
 
 __all__ = ["add_steering_parsers"]
@@ -200,7 +201,8 @@ def _persona(args: argparse.Namespace) -> None:
                               cost_budget=args.cost_budget, top_layers=args.top_layers,
                               layer_stride=args.layer_stride, kv_ceiling=args.kv_ceiling,
                               capability_ceiling=args.capability_ceiling,
-                              workers=args.workers)
+                              workers=args.workers, voice=args.voice,
+                              voice_budget=args.voice_budget)
     found.save_pretrained(out)
     for trial in found.trials:
         if "skipped" in trial:
@@ -214,9 +216,25 @@ def _persona(args: argparse.Namespace) -> None:
               + f", KV {trial['kv_fraction']:.2f}x the prompt's; calibration "
               f"shift {trial['calibration_target']:+.2f}"
               + ("" if held is None else f", validation shift {held:+.2f}") + " nats")
+    _print_voice(found.voice)
     _print_judged(found.judged)
     print(f"# kept {found.recipe} in {time.perf_counter() - start:.0f}s; wrote {out} (chat: "
           f"hf-memory chat --banks {out} --selector {out / 'selector'})")
+
+
+def _print_voice(voice: dict | None) -> None:
+    """The voice band's line: what it found and whether it replaced the recipe's sites."""
+    if voice is None:
+        return
+    if "judged" not in voice:
+        print(f"# voice band: none, {voice.get('refused') or voice.get('skipped')}")
+        return
+    slots = "every slot" if voice["slots"] is None else f"{len(voice['slots'])} slots"
+    print(f"# voice band: layers {voice['layers'][0]}-{voice['layers'][-1]} ({slots}), rho "
+          f"{voice['rho']:g}, cost {voice['cost']:+.3f} nats/token (budget "
+          f"{voice['budget']:.3f}), KV {voice['kv_fraction']:.2f}x the prompt's; its replies "
+          f"judged {voice['judged']:.2f} against the sites' {voice['sites_judged']:.2f}: "
+          + ("kept in their place" if voice["kept"] else "not kept"))
 
 
 def _print_judged(judged: dict | None) -> None:
@@ -530,6 +548,15 @@ def add_steering_parsers(commands: argparse._SubParsersAction) -> None:
                          metavar="NATS",
                          help="nats per factual answer the steering may cost (default: prompt, "
                               "the visible prompt's own cost plus a little; none: not charged)")
+    persona.add_argument("--voice", action="store_true",
+                         help="also look for a voice band (the text at a band of upper layers, "
+                              "fewer slots to fit the KV ceiling, chosen by a judge of the "
+                              "replies fitted on the pairs) and keep it when its replies are "
+                              "judged higher than the sites'")
+    persona.add_argument("--voice-budget", type=voice_budget, default="prompt",
+                         metavar="NATS",
+                         help="what the voice band may cost per token of neutral text "
+                              "(default: prompt, the visible prompt's own cost)")
     _search_arguments(persona, top_layers=6)
     _pair_arguments(persona)
     add_model_arguments(persona)

@@ -18,7 +18,7 @@ from eval_harness.arguments import (
 
 __all__ = ["capability_ceiling", "device", "finite", "kv_ceiling", "layer_spec", "non_negative",
            "non_negative_int", "parse_layers", "persona_recipes", "positive_float",
-           "positive_int", "strength", "unit_interval"]
+           "positive_int", "strength", "unit_interval", "voice_budget"]
 
 
 def device(text: str) -> str:
@@ -60,3 +60,8 @@ def capability_ceiling(text: str) -> float | str | None:
     if text.strip().lower() in ("none", "prompt"):
         return None if text.strip().lower() == "none" else "prompt"
     return finite(text)
+
+
+def voice_budget(text: str) -> float | str:
+    """``prompt`` (the visible prompt's own cost) or nats per token."""
+    return "prompt" if text.strip().lower() == "prompt" else finite(text)

@@ -38,6 +38,8 @@ BAD_INPUTS = [
     (["persona", "--text", "a pirate", "--recipes", "voice", "--out", OUT],
      "recipes must be among"),
     (["persona", "--text", "a pirate", "--workers", "0", "--out", OUT], "must be >= 1"),
+    (["persona", "--text", "a pirate", "--voice", "--voice-budget", "lots", "--out", OUT],
+     "lots"),
     (["chat", "--strength", "2"], "must be in [0, 1]"),
     (["chat", "--banks", "{tmp}/banks"], "steering needs its sites"),
     (["generate", "--prompt", " "], "give non-empty prompts"),

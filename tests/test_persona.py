@@ -20,6 +20,7 @@ from hf_memory.recipes.persona import (
     exemplar_text,
     persona_banks,
 )
+from hf_memory.recipes.voice_band import BAND_PROMPTS, band_prompts
 from hf_memory.selection.behavioural_calibration import split_pairs
 from hf_memory.selection.behavioural_search import ShiftObjective
 from hf_memory.selection.budget_search import PROMPT_LIKE_GAINS
@@ -345,8 +346,8 @@ def test_build_persona_writes_what_the_demo_loads(chat_tiny, tmp_path, monkeypat
     # the voice band: the descriptor at the upper layers, judged on questions that are neither
     # the pairs' nor the demo's, within the prompt's budget and KV (its choice: test_voice_band)
     band = written["band"]
-    asked = shipped.band_prompts(spec["pairs"])
-    assert len(asked) == shipped.BAND_PROMPTS
+    asked = band_prompts(spec["pairs"])
+    assert len(asked) == BAND_PROMPTS
     assert not set(asked) & ({p for p, _, _ in spec["pairs"]} | set(demo.DEFAULT_PROMPTS))
     if band is not None:
         assert band["layers"] == [1, 2] and band["cost"] <= written["budget"]
@@ -491,3 +492,85 @@ def test_pairs_a_judge_cannot_tell_apart_are_reported_not_judged(chat_tiny):
                                                                        tokenizer=tokenizer))
     assert "held-out accuracy" in judged["refused"] and "methods" not in judged
     assert judged["judge"]["held_out_accuracy"] < 0.8
+
+
+def test_the_voice_band_is_kept_when_judged_higher_within_the_ceilings_and_round_trips(
+        chat_tiny, tmp_path):
+    """``voice=True``: the voice band's replies and the recipe's sites' are judged on the same
+    questions; the higher replaces or keeps the sites, the band within the KV ceiling (fewer
+    slots) and the budget, and a saved folder steers as the band was judged."""
+    from hf_memory.chat.generation import chat_messages, encode_chats
+    from hf_memory.metrics.kv_accounting import kv_footprint
+    from hf_memory.recipes.voice_band import band_banks
+
+    model, tokenizer = chat_tiny
+    cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    kwargs = dict(recipes=("prompt_like",), top_layers=1, unit_search=False,
+                  capability_ceiling=None, cost=cost, progress=False, judge=False)
+    found = calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=0.25, voice=True,
+                              voice_budget=10.0, **kwargs)
+    band = found.voice
+    assert band["budget"] == 10.0 and band["cost"] <= 10.0
+    assert band["kept"] == (band["judged"] > band["sites_judged"])
+    full = persona_banks(model, tokenizer, TEXT, recipe="prompt_like", sink_reads_banks=False)
+    kept = band_banks(full, band["slots"])
+    ids = tokenizer(TEXT, return_tensors="pt", add_special_tokens=False).input_ids
+    footprint = kv_footprint(model, kept, ids, layers=band["layers"])
+    assert band["slots"] is not None
+    assert footprint.bank_bytes <= 0.25 * footprint.prompt_kv_bytes
+    if band["kept"]:
+        assert found.selector.config["objective"] == "voice_band"
+        assert found.selector.layers == band["layers"] and found.recipe == "prompt_like"
+        assert torch.equal(found.banks.banks[0].keys, kept.banks[0].keys)
+    else:
+        assert found.selector.config["objective"] == "behavioural_budgeted"
+    loaded = PersonaSteering.from_pretrained(found.save_pretrained(tmp_path / "v"), model=model)
+    assert loaded.voice == json.loads(json.dumps(band))
+    question = encode_chats(tokenizer, [chat_messages("How was your day?")]).input_ids
+    judged_as = (MemoryMethod(kept, layers=band["layers"],
+                              layer_gains=dict.fromkeys(band["layers"], band["rho"]))
+                 if band["kept"] else found.method())
+    with judged_as.attach(model, question.shape[1]):
+        expected = model(question).logits
+    with loaded.method().attach(model, question.shape[1]):
+        assert torch.equal(model(question).logits, expected)
+
+    none_fits = calibrate_persona(model, tokenizer, TEXT, PAIRS, kv_ceiling=0.25, voice=True,
+                                  voice_budget=-1.0, **kwargs)
+    assert none_fits.voice["kept"] is False and "no band fits" in none_fits.voice["skipped"]
+    assert none_fits.selector.config["objective"] == "behavioural_budgeted"
+    mixed = [(p, t, r) if i % 2 else (p, r, t) for i, (p, t, r) in enumerate(PAIRS)]
+    refused = calibrate_persona(model, tokenizer, TEXT, mixed, kv_ceiling=0.25, voice=True,
+                                **kwargs)
+    assert "held-out accuracy" in refused.voice["refused"]
+    with pytest.raises(ValueError, match="voice_budget must be a finite number"):
+        calibrate_persona(model, tokenizer, TEXT, PAIRS, voice=True, voice_budget="half",
+                          **kwargs)
+
+
+def test_a_kept_voice_band_saves_as_a_selector_that_steers_as_the_band(chat_tiny, tmp_path):
+    """What ``calibrate_persona(voice=True)`` returns when the band wins: its pruned bank and a
+    selector of every head at the band's ρ steer bit for bit as the band did when judged, and
+    through a saved folder (its card names the band)."""
+    from hf_memory.chat.generation import chat_messages, encode_chats
+    from hf_memory.recipes.voice_band import band_banks, band_selector
+
+    model, tokenizer = chat_tiny
+    full = persona_banks(model, tokenizer, TEXT, recipe="prompt_like", sink_reads_banks=False)
+    band = {"layers": [1, 2], "rho": 0.75, "cost": 0.01, "capability": None, "judged": 0.6,
+            "kv_fraction": 0.2, "slots": [0, 2, 5], "kept": True}
+    banks = band_banks(full, band["slots"])
+    steering = PersonaSteering(banks, band_selector(model, TEXT, band), "prompt_like",
+                               voice=band)
+    loaded = PersonaSteering.from_pretrained(steering.save_pretrained(tmp_path / "b"),
+                                             model=model)
+    assert "a voice band" in (tmp_path / "b" / "selector" / "README.md").read_text()
+    question = encode_chats(tokenizer, [chat_messages("How was your day?")]).input_ids
+    outputs = []
+    for method in (MemoryMethod(banks, layers=[1, 2], layer_gains={1: 0.75, 2: 0.75}),
+                   steering.method(), loaded.method()):
+        with method.attach(model, question.shape[1]):
+            outputs.append(model(question).logits)
+    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
+    assert not torch.equal(outputs[0], model(question).logits)
+    assert loaded.banks.banks[0].provenance["slots_kept"] == [0, 2, 5]

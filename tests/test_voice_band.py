@@ -8,10 +8,17 @@ import pytest
 import torch
 
 from hf_memory.baselines.methods import MemoryMethod
+from hf_memory.metrics.kv_accounting import kv_footprint
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona import persona_banks
 from hf_memory.recipes.shipped import persona_spec
-from hf_memory.recipes.voice_band import BAND_GAINS, band_starts, voice_band
+from hf_memory.recipes.voice_band import (
+    BAND_GAINS,
+    band_banks,
+    band_starts,
+    slot_mass,
+    voice_band,
+)
 from tests.tiny_models import tiny_model
 
 PASSAGES = ["The sky is blue today.", "Seven plus five is twelve."]
@@ -72,10 +79,24 @@ def test_the_kv_ceiling_and_the_budget_skip_bands_and_bad_input_is_refused(six_l
     model, tokenizer = six_layers
     text, pairs = pirate
     cost = NeutralCost(model, tokenizer, passages=PASSAGES)
+    banks = persona_banks(model, tokenizer, text, recipe="prompt_like", sink_reads_banks=False)
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    # the narrowest band holds 2 of 6 layers, a third of the prompt's KV: every band keeps the
+    # slots the replies attend to most, as many as fit
     capped = voice_band(model, tokenizer, text, pairs, PROMPTS, cost=cost, budget=10.0,
                         kv_ceiling=0.2, max_new_tokens=2)
-    assert capped is None  # the narrowest band holds 2 of 6 layers: a third of the prompt's KV
-    banks = persona_banks(model, tokenizer, text, recipe="prompt_like", sink_reads_banks=False)
+    assert capped["slots"] is not None
+    for trial in capped["trials"]:
+        layers = list(range(trial["layers"][0], 6))
+        mass = slot_mass(model, tokenizer, banks, pairs, layers)
+        fit = len(trial["slots"])
+        assert trial["slots"] == sorted(mass.topk(fit).indices.tolist())
+        assert fit + 1 > 0.2 * banks.banks[0].num_slots * 6 / len(layers) >= fit  # all that fit
+        kept = band_banks(banks, trial["slots"])
+        footprint = kv_footprint(model, kept, ids, layers=layers)
+        assert trial["kv_fraction"] == footprint.bank_bytes / footprint.prompt_kv_bytes <= 0.2
+    assert voice_band(model, tokenizer, text, pairs, PROMPTS, cost=cost, budget=10.0,
+                      kv_ceiling=1e-4, max_new_tokens=2) is None  # not one slot fits
     cheapest = min(cost.measure(MemoryMethod(banks, layers=list(range(start, 6)),
                                              layer_gains=dict.fromkeys(range(start, 6), 0.25)))
                    for start in band_starts(6))

@@ -93,6 +93,14 @@ def render_selector_card(selector: Any) -> str:
                f"{best['target']:+.2f}, drift {best['drift']:.2f}, "
                f"{config['steered_heads']} query heads steered, {config['evaluations']} "
                "configurations scored.")
+    elif config.get("objective") == "voice_band":
+        band = config["voice_band"]
+        slots = ("every slot" if band["slots"] is None
+                 else f"{len(band['slots'])} slots of highest attention")
+        how = (f"a voice band on `{model}`: the persona text as a `prompt_like` bank ({slots}) "
+               f"at layers {band['layers'][0]}-{band['layers'][-1]}, ρ {band['rho']:g}, cost "
+               f"{band['cost']:+.3f} nats/token, {band['kv_fraction']:.2f}x the prompt's KV, "
+               f"its replies judged {band['judged']:.2f} by a judge fitted on the pairs.")
     elif config.get("objective") == "behavioural":
         best = config["best"]
         how = (f"behavioural search on `{model}` over {len(selector.candidate_layers)} candidate "

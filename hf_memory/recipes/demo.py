@@ -146,13 +146,17 @@ def run_demo(
     band = spec.get("band") if shipped is not None else None
     if band:
         from hf_memory.recipes.persona import persona_banks
+        from hf_memory.recipes.voice_band import band_banks as keeping
 
-        band_banks = persona_banks(model, tokenizer, persona, recipe="prompt_like",
-                                   sink_reads_banks=False)
+        band_banks = keeping(persona_banks(model, tokenizer, persona, recipe="prompt_like",
+                                           sink_reads_banks=False), band.get("slots"))
         methods["band"] = MemoryMethod(band_banks, layers=band["layers"],
                                        layer_gains=dict.fromkeys(band["layers"], band["rho"]))
+        slots = ("" if band.get("slots") is None
+                 else f", {len(band['slots'])} of {band_banks.banks[0].provenance['slots_of']} "
+                      "slots")
         details["band"] = (f"layers {band['layers'][0]}-{band['layers'][-1]}, "
-                           f"rho {band['rho']:g}, prompt_like")
+                           f"rho {band['rho']:g}, prompt_like{slots}")
     answers, seconds = {}, {}
     for name, method in methods.items():
         start = time.perf_counter()

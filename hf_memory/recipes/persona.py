@@ -59,13 +59,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from hf_memory.artifacts.atomic_files import write_json
-from hf_memory.banks.bank import MemoryBank
 from hf_memory.banks.bank_set import BankSet
 from hf_memory.metrics.factual import AnswerCost
 from hf_memory.metrics.kv_accounting import prompt_kv_bytes
 from hf_memory.metrics.likelihood import check_pairs
 from hf_memory.metrics.steering_cost import NeutralCost
 from hf_memory.recipes.persona_recipes import DEFAULT_RECIPES, RECIPES, check_recipes
+from hf_memory.recipes.recipe_banks import exemplar_text, persona_banks
 from hf_memory.selection.behavioural_calibration import split_pairs, validation_split
 from hf_memory.selection.budget_search import DEFAULT_COST_BUDGET, DialProbes
 from hf_memory.selection.defaults import CAPABILITY_SLACK, DEFAULT_KV_CEILING
@@ -86,45 +86,6 @@ CAA_LAYERS = (0.2, 1 / 3, 0.47, 0.6)  # fractions of the depth: layers 6, 10, 14
 CAA_SCALES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
-def exemplar_text(text: str, exemplars: Sequence[str]) -> str:
-    """The persona text followed by example replies in its voice."""
-    return text.rstrip() + "\n\nHow I reply:\n" + "\n".join(e.strip() for e in exemplars)
-
-
-def persona_banks(model, tokenizer, text: str, *, recipe: str = "prompt_like",
-                  exemplars: Sequence[str] = (), counter_exemplars: Sequence[str] = (),
-                  name: str = "persona", sink_reads_banks: bool = False) -> BankSet:
-    """The bank set of ``recipe`` (:data:`RECIPES`) for ``text`` (and ``exemplars``, which the
-    ``exemplars`` and ``contrast`` recipes need; ``counter_exemplars``, replies without the
-    persona, which ``contrast`` needs), as a system message, every layer, bank gain 1.
-    ``sink_reads_banks``: whether the conversation's first token reads the banks
-    (:class:`~hf_memory.banks.bank_set.BankSet`; False by default: a visible prompt comes after
-    it; True: what persona banks did before 2026-12-07, and shipped personas without the key)."""
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
-    spec = RECIPES[recipe]
-    contrast = spec.get("contrast", False)
-
-    def bank(examples: Sequence[str], argument: str, what: str, role: str,
-             bank_name: str) -> MemoryBank:
-        body = text
-        if spec["exemplars"]:
-            examples = [e for e in examples if isinstance(e, str) and e.strip()]
-            if not examples:
-                raise ValueError(f"the {recipe} recipe needs {what} ({argument}=[...])")
-            body = exemplar_text(text, examples)
-        return MemoryBank.from_text(model, tokenizer, body, role=role, name=bank_name,
-                                    template="{text}", context="system",
-                                    placement=spec["placement"])
-
-    banks = [bank(exemplars, "exemplars", "example replies", "target", name)]
-    if contrast:
-        banks.append(bank(counter_exemplars, "counter_exemplars", "replies without the persona",
-                          "reference", f"{name}-counter"))
-    return BankSet(banks, model=model, size_normalize=spec["size_normalize"], contrast=contrast,
-                   sink_reads_banks=sink_reads_banks)
-
-
 class PersonaFormatError(ValueError):
     """A persona folder's ``persona.json`` is missing, corrupt or malformed."""
 
@@ -133,8 +94,10 @@ class PersonaFormatError(ValueError):
 class PersonaSteering:
     """What :func:`calibrate_persona` found: the chosen recipe's banks and selector, and every
     recipe's trial (calibration and validation movement, cost, KV, sites), the ceilings it ran
-    under (``limits``) and its replies judged against the plain model's and the visible
-    prompt's (``judged``, :func:`judge_replies`)."""
+    under (``limits``), its replies judged against the plain model's and the visible
+    prompt's (``judged``, :func:`judge_replies`) and, when the call looked for one, its voice
+    band (``voice``: :func:`~hf_memory.recipes.voice_band.voice_band`'s record, ``kept`` when
+    the banks and selector are the band's)."""
 
     banks: BankSet
     selector: Selector
@@ -142,6 +105,7 @@ class PersonaSteering:
     trials: list[dict[str, Any]] = field(default_factory=list)
     limits: dict[str, Any] = field(default_factory=dict)
     judged: dict[str, Any] | None = None
+    voice: dict[str, Any] | None = None
 
     def method(self, strength: float = 1.0):
         """A :class:`~hf_memory.baselines.methods.MemoryMethod` steering with it."""
@@ -156,7 +120,8 @@ class PersonaSteering:
         self.banks.save_pretrained(directory)
         self.selector.save_pretrained(directory / "selector")
         write_json(directory / REPORT_NAME, {"recipe": self.recipe, "trials": self.trials,
-                                             "limits": self.limits, "judged": self.judged})
+                                             "limits": self.limits, "judged": self.judged,
+                                             "voice": self.voice})
         return directory
 
     @classmethod
@@ -167,7 +132,8 @@ class PersonaSteering:
         Raises:
             PersonaFormatError: ``persona.json`` is missing, not JSON, or an entry has the wrong
                 type (``recipe`` one of :data:`RECIPES`, ``trials`` a list of objects,
-                ``limits`` an object, ``judged`` an object or null). It has no content hash: a
+                ``limits`` an object, ``judged`` and ``voice`` objects or null). It has no
+                content hash: a
                 well-formed edit of its trials loads as written.
             BankSetFormatError: the folder's bank set is missing or corrupt.
             SelectorFormatError: its ``selector/`` is missing or corrupt.
@@ -186,14 +152,15 @@ class PersonaSteering:
             raise PersonaFormatError(f"{path} is not a persona report: its recipe must be one "
                                      f"of {sorted(RECIPES)}")
         trials, limits = report.get("trials"), report.get("limits", {})
-        judged = report.get("judged")
+        judged, voice = report.get("judged"), report.get("voice")
         if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials) or (
-                not isinstance(limits, dict)) or not (judged is None or isinstance(judged, dict)):
+                not isinstance(limits, dict)) or not all(
+                    entry is None or isinstance(entry, dict) for entry in (judged, voice)):
             raise PersonaFormatError(f"{path}: trials must be a list of objects, limits an "
-                                     "object and judged an object or null")
+                                     "object, judged and voice objects or null")
         return cls(BankSet.from_pretrained(directory, model=model),
                    Selector.from_pretrained(directory / "selector", model=model),
-                   report["recipe"], trials, limits, judged)
+                   report["recipe"], trials, limits, judged, voice)
 
 
 def _trial(recipe: str, selector: Selector, exemplars: int, prompt_bytes: int
@@ -359,7 +326,9 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
                       kv_ceiling: float | None = DEFAULT_KV_CEILING,
                       capability_ceiling: float | str | None = "prompt", judge: bool = True,
                       screen: bool = True, progress: bool = True,
-                      sink_reads_banks: bool = False, **search: Any) -> PersonaSteering:
+                      sink_reads_banks: bool = False, voice: bool = False,
+                      voice_budget: float | str = "prompt",
+                      **search: Any) -> PersonaSteering:
     """Banks and a frozen selector for the persona ``text``, calibrated on ``pairs``
     (``(prompt, reply in the persona, reply without it)``, ~20 or more).
 
@@ -383,6 +352,13 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     validation pairs furthest).
     ``sink_reads_banks``: whether the conversation's first token reads the banks (the module
     docstring; True: the paper's injection, as the shipped personas were calibrated).
+    ``voice``: also look for a voice band (:func:`~hf_memory.recipes.voice_band.voice_band`:
+    the text at a band of upper layers, fewer slots where the KV ceiling needs it, chosen by a
+    reply judge fitted on the pairs, within both ceilings and ``voice_budget``: nats per token,
+    or ``"prompt"``, the visible prompt's own cost: the band costs no more than the prompt it
+    replaces, where ``cost_budget`` is often too little for a voice); the band is kept
+    in place of the recipe's sites when the judge scores its replies to the band's questions
+    higher than theirs (``voice`` of the result says which and why).
     """
     check_pairs(pairs)
     pairs = list(pairs)
@@ -391,6 +367,8 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
         raise ValueError("calibrate_persona always runs within a cost budget; for the "
                          "unbudgeted search call Selector.calibrate_behavioural(..., "
                          "cost_budget=None)")
+    if voice_budget != "prompt":
+        _number("voice_budget", voice_budget)
     if capability_ceiling is not None and not isinstance(capability_ceiling, int | float) \
             and capability_ceiling != "prompt":
         raise ValueError("capability_ceiling must be 'prompt', a number of nats per answer or "
@@ -447,9 +425,48 @@ def calibrate_persona(model, tokenizer, text: str, pairs: Sequence[tuple[str, st
     record = {k: v for k, v in limits.items() if k != "capability"}
     steering = PersonaSteering(banks, selector, chosen["recipe"],
                                [t for _, _, t in found] + skipped, record)
+    if voice:
+        from hf_memory.baselines.methods import PromptMethod
+
+        budget = (search["cost"].measure(PromptMethod(text, tokenizer=tokenizer))
+                  if voice_budget == "prompt" else float(voice_budget))
+        steering = _voiced(model, tokenizer, text, pairs, steering, limits, search["cost"],
+                           budget, progress)
     if judge:
         steering.judged = judge_replies(model, tokenizer, text, pairs, steering.method())
     return steering
+
+
+def _voiced(model, tokenizer, text: str, pairs, steering: PersonaSteering,
+            limits: dict[str, Any], cost, budget: float, progress: bool) -> PersonaSteering:
+    """``steering``, or its voice band in its place when the band's replies are judged higher
+    (``calibrate_persona(voice=True)``); the band's record in ``voice`` either way."""
+    from hf_memory.baselines.methods import generate_with
+    from hf_memory.metrics.reply_judge import JudgeTooWeakError, ReplyJudge
+    from hf_memory.recipes.voice_band import band_banks, band_prompts, band_selector, voice_band
+
+    prompts = band_prompts(pairs)
+    try:
+        band = voice_band(model, tokenizer, text, pairs, prompts, cost=cost, budget=budget,
+                          kv_ceiling=limits["kv_fraction"], capability=limits["capability"],
+                          capability_ceiling=limits["capability_ceiling"], progress=progress)
+    except JudgeTooWeakError as error:
+        steering.voice = {"kept": False, "budget": budget, "refused": str(error)}
+        return steering
+    if band is None:
+        steering.voice = {"kept": False, "budget": budget,
+                          "skipped": "no band fits the budget and the ceilings"}
+        return steering
+    replies = generate_with(steering.method(), model, tokenizer, prompts, max_new_tokens=40)
+    band.update(budget=budget, sites_judged=ReplyJudge.fit(pairs).summary(replies)["judge_score"])
+    band["kept"] = band["judged"] > band["sites_judged"]
+    if not band["kept"]:
+        steering.voice = band
+        return steering
+    banks = band_banks(persona_banks(model, tokenizer, text, recipe="prompt_like",
+                                     sink_reads_banks=False), band["slots"])
+    return PersonaSteering(banks, band_selector(model, text, band), "prompt_like",
+                           steering.trials, steering.limits, voice=band)
 
 
 def judge_replies(model, tokenizer, text: str, pairs: Sequence[tuple[str, str, str]], method,

@@ -19,15 +19,14 @@ from typing import Any
 from hf_memory.data import as_path, resource
 from hf_memory.selection.defaults import DEFAULT_COST_BUDGET
 
-__all__ = ["BAND_PROMPTS", "BANK_RECIPE", "DEMO_PERSONA", "SHIPPED_DIRECTIONS",
-           "SHIPPED_PERSONAS", "band_prompts", "build_persona", "build_selector", "persona_bank",
+__all__ = ["BANK_RECIPE", "DEMO_PERSONA", "SHIPPED_DIRECTIONS",
+           "SHIPPED_PERSONAS", "build_persona", "build_selector", "persona_bank",
            "persona_json", "persona_spec", "shipped_persona", "shipped_persona_name",
            "shipped_selector"]
 
 SHIPPED_DIRECTIONS = tuple(f"{trait}{sign}" for trait in "OCEAN" for sign in "+-")
 BANK_RECIPE = {"template": "{text}", "context": "system", "gain": 1.0}
 SHIPPED_PERSONAS = ("pirate",)
-BAND_PROMPTS = 8  # questions the voice band's replies are judged on
 DEMO_PERSONA = "pirate"  # a persona the embedded model voices from a visible prompt
 
 
@@ -116,13 +115,13 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
     :func:`~hf_memory.recipes.persona.calibrate_persona`, CAA by
     :func:`~hf_memory.recipes.persona.calibrate_caa`, the voice band by
     :func:`~hf_memory.recipes.voice_band.voice_band` (within the prompt's own KV, judged on
-    :func:`band_prompts`); writes the selector and the choices into ``out`` (default: the
-    package's own folder). ``recipes``: the bank recipes to try; ``cost_budget``: nats per
-    token of neutral text, or ``"prompt"``: the visible prompt's own cost on the same text (what
-    memory and CAA are then compared at); both default to the persona's own rule in
-    ``persona.json`` (``recipes``, ``cost_budget``), else calibrate_persona's recipes and the
-    default budget. ``**limits``: ``kv_ceiling`` / ``capability_ceiling`` for
-    calibrate_persona (default: its own). Returns the
+    :func:`~hf_memory.recipes.voice_band.band_prompts`); writes the selector and the choices
+    into ``out`` (default: the package's own folder). ``recipes``: the bank recipes to try;
+    ``cost_budget``: nats per token of neutral text, or ``"prompt"``: the visible prompt's own
+    cost on the same text (what memory and CAA are then compared at); both default to the
+    persona's own rule in ``persona.json`` (``recipes``, ``cost_budget``), else
+    calibrate_persona's recipes and the default budget. ``**limits``: ``kv_ceiling`` /
+    ``capability_ceiling`` for calibrate_persona (default: its own). Returns the
     :class:`~hf_memory.recipes.persona.PersonaSteering`."""
     from pathlib import Path
 
@@ -130,7 +129,7 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
     from hf_memory.baselines.methods import PromptMethod
     from hf_memory.metrics.steering_cost import NeutralCost
     from hf_memory.recipes.persona import calibrate_caa, calibrate_persona
-    from hf_memory.recipes.voice_band import voice_band
+    from hf_memory.recipes.voice_band import band_prompts, voice_band
 
     spec = persona_spec(name)
     spec.pop("every_layer", None)  # what builds before the voice band wrote
@@ -166,16 +165,6 @@ def build_persona(model, tokenizer, name: str = DEMO_PERSONA, *, out=None,
         if out != Path(shipped):
             (out / "pairs.jsonl").write_text(Path(shipped, "pairs.jsonl").read_text())
     return found
-
-
-def band_prompts(pairs, count: int = BAND_PROMPTS) -> list[str]:
-    """The first ``count`` everyday questions that are neither a prompt of ``pairs`` nor one of
-    the demo's: what a persona's voice band is judged on, so that neither the judge's pairs nor
-    the demo's questions choose it."""
-    from hf_memory.recipes.calibration_data import DEFAULT_PROMPTS, everyday_questions
-
-    taken = {prompt for prompt, _, _ in pairs} | set(DEFAULT_PROMPTS)
-    return [q for q in everyday_questions() if q not in taken][:count]
 
 
 def build_selector(model, tokenizer, direction: str, *, top_layers: int = 5,
