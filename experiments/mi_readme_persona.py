@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hf_memory import PlainMethod, PromptMethod, load_default_model
 from hf_memory.metrics.factual import AnswerCost, exact_match
+from hf_memory.metrics.kv_accounting import kv_footprint
 from hf_memory.metrics.likelihood import pair_margins
 from hf_memory.metrics.reply_judge import ReplyJudge, judge_methods
 from hf_memory.metrics.steering_cost import NeutralCost
@@ -43,11 +44,13 @@ methods = {
 if caa is not None:
     methods["caa"] = caa
 limits = steering.limits
-kv = {
-    "prompt": 1.0,
-    "memory": steering.selector.config["kv_bytes"] / limits["prompt_kv_bytes"],
-    "caa": None,
-}
+if "kv_bytes" in steering.selector.config:  # the search's sites (KV groups counted)
+    kv_bytes = steering.selector.config["kv_bytes"]
+else:  # a voice band: every head of its layers, measured afresh
+    kv_bytes = kv_footprint(model, steering.banks, tok(text, return_tensors="pt",
+                                                       add_special_tokens=False).input_ids,
+                            layers=steering.selector.layers).bank_bytes
+kv = {"prompt": 1.0, "memory": kv_bytes / limits["prompt_kv_bytes"], "caa": None}
 plain = pair_margins(model, tok, held)
 facts = AnswerCost(model, tok, split="report")
 rows = {}

@@ -516,11 +516,12 @@ def test_the_voice_band_is_kept_when_judged_higher_within_the_ceilings_and_round
     kept = band_banks(full, band["slots"])
     ids = tokenizer(TEXT, return_tensors="pt", add_special_tokens=False).input_ids
     footprint = kv_footprint(model, kept, ids, layers=band["layers"])
-    assert band["slots"] is not None
+    assert band["slots"] is not None and band["kv_bytes"] == footprint.bank_bytes
     assert footprint.bank_bytes <= 0.25 * footprint.prompt_kv_bytes
     if band["kept"]:
         assert found.selector.config["objective"] == "voice_band"
         assert found.selector.layers == band["layers"] and found.recipe == "prompt_like"
+        assert found.selector.config["kv_bytes"] == band["kv_bytes"]
         assert torch.equal(found.banks.banks[0].keys, kept.banks[0].keys)
     else:
         assert found.selector.config["objective"] == "behavioural_budgeted"
@@ -558,7 +559,7 @@ def test_a_kept_voice_band_saves_as_a_selector_that_steers_as_the_band(chat_tiny
     model, tokenizer = chat_tiny
     full = persona_banks(model, tokenizer, TEXT, recipe="prompt_like", sink_reads_banks=False)
     band = {"layers": [1, 2], "rho": 0.75, "cost": 0.01, "capability": None, "judged": 0.6,
-            "kv_fraction": 0.2, "slots": [0, 2, 5], "kept": True}
+            "kv_fraction": 0.2, "kv_bytes": 1024, "slots": [0, 2, 5], "kept": True}
     banks = band_banks(full, band["slots"])
     steering = PersonaSteering(banks, band_selector(model, TEXT, band), "prompt_like",
                                voice=band)

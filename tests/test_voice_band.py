@@ -95,6 +95,7 @@ def test_the_kv_ceiling_and_the_budget_skip_bands_and_bad_input_is_refused(six_l
         kept = band_banks(banks, trial["slots"])
         footprint = kv_footprint(model, kept, ids, layers=layers)
         assert trial["kv_fraction"] == footprint.bank_bytes / footprint.prompt_kv_bytes <= 0.2
+        assert trial["kv_bytes"] == footprint.bank_bytes
     assert voice_band(model, tokenizer, text, pairs, PROMPTS, cost=cost, budget=10.0,
                       kv_ceiling=1e-4, max_new_tokens=2) is None  # not one slot fits
     cheapest = min(cost.measure(MemoryMethod(banks, layers=list(range(start, 6)),

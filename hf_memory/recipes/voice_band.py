@@ -98,11 +98,12 @@ def band_selector(model, text: str, band: dict[str, Any]):
     layers = list(band["layers"])
     heads = list(range(model.config.num_attention_heads))
     record = {k: band[k] for k in ("layers", "rho", "cost", "capability", "judged",
-                                   "kv_fraction", "slots")}
+                                   "kv_fraction", "kv_bytes", "slots")}
     return Selector(layers=layers, units={layer: heads for layer in layers}, unit_type="head",
                     layer_gains=dict.fromkeys(layers, float(band["rho"])),
                     candidate_layers=layers, fingerprint=model_fingerprint(model),
                     config={"objective": "voice_band", "voice_band": record,
+                            "kv_bytes": band["kv_bytes"],
                             "bank_recipe": {"recipe": "prompt_like", "text": text,
                                             "exemplars": [], "sink_reads_banks": False,
                                             "slots": band["slots"]}})
@@ -136,8 +137,8 @@ def voice_band(model, tokenizer, text: str, pairs: Sequence[ContrastPair], promp
     text (``cost``, a :class:`~hf_memory.metrics.steering_cost.NeutralCost`) stays within
     ``budget``; a band whose banks hold more than ``kv_ceiling`` times ``text``'s KV as a visible
     prompt (None: no ceiling) keeps the slots of highest :func:`slot_mass` that fit, and is not
-    tried when not one fits. Returns ``{"layers", "rho", "cost", "judged", "kv_fraction",
-    "slots", "judge", "prompts", "trials"}`` (``slots``: the slot indices kept, None: all; the
+    tried when not one fits. Returns ``{"layers", "rho", "cost", "capability", "judged",
+    "kv_fraction", "kv_bytes", "slots", "judge", "prompts", "trials"}`` (``slots``: the slot indices kept, None: all; the
     banks are :func:`band_banks`) or None when no band fits; raises
     :class:`~hf_memory.metrics.reply_judge.JudgeTooWeakError` when the pairs give no judge.
     ``capability`` (an :class:`~hf_memory.metrics.factual.AnswerCost`): a gain must also cost
@@ -173,7 +174,7 @@ def voice_band(model, tokenizer, text: str, pairs: Sequence[ContrastPair], promp
         footprint = kv_footprint(model, banks, ids, layers=layers)
         fraction = footprint.bank_bytes / footprint.prompt_kv_bytes
         trial: dict[str, Any] = {"layers": [start, depth - 1], "kv_fraction": fraction,
-                                 "slots": None}
+                                 "kv_bytes": footprint.bank_bytes, "slots": None}
         trials.append(trial)
         these = banks
         if kv_ceiling is not None and fraction > kv_ceiling:
@@ -186,7 +187,8 @@ def voice_band(model, tokenizer, text: str, pairs: Sequence[ContrastPair], promp
             trial["slots"] = sorted(kept.tolist())
             these = band_banks(banks, trial["slots"])
             smaller = kv_footprint(model, these, ids, layers=layers)
-            trial["kv_fraction"] = smaller.bank_bytes / smaller.prompt_kv_bytes
+            trial.update(kv_fraction=smaller.bank_bytes / smaller.prompt_kv_bytes,
+                         kv_bytes=smaller.bank_bytes)
 
         def method_at(rho: float, layers=layers, these=these):
             return MemoryMethod(these, layers=layers, layer_gains=dict.fromkeys(layers, rho))
@@ -207,6 +209,6 @@ def voice_band(model, tokenizer, text: str, pairs: Sequence[ContrastPair], promp
         return None
     return {"layers": list(range(best["layers"][0], depth)), "rho": best["rho"],
             "cost": best["cost"], "capability": best["capability"], "judged": best["judged"],
-            "kv_fraction": best["kv_fraction"],
+            "kv_fraction": best["kv_fraction"], "kv_bytes": best["kv_bytes"],
             "slots": best["slots"], "judge": judge.as_dict(), "prompts": len(prompts),
             "trials": trials}
