@@ -256,6 +256,32 @@ def test_persona_calibrates_banks_and_selector_in_one_command(tiny_dirs, tmp_pat
     assert code == 0 and json.loads(text.splitlines()[0])["method"] == "memory"
 
 
+@pytest.mark.slow
+def test_persona_with_a_voice_band_says_what_it_found_and_saves_what_it_kept(tiny_dirs, tmp_path,
+                                                                           capsys):
+    model, out = tiny_dirs[0], tmp_path / "voiced"
+    write_pairs(tmp_path / "pairs.jsonl", PAIRS)
+    code, text, _ = cli(capsys, "persona", "--text", "You talk like a pirate.", "--pairs",
+                        str(tmp_path / "pairs.jsonl"), "--out", str(out), "--top-layers", "1",
+                        "--recipes", "prompt_like", "--voice", "--voice-budget", "10",
+                        "--model", model)
+    assert code == 0
+    (line,) = [line for line in text.splitlines() if line.startswith("# voice band")]
+    found = PersonaSteering.from_pretrained(out)
+    voice = found.voice
+    if "judged" in voice:
+        assert f"judged {voice['judged']:.2f} against the sites' {voice['sites_judged']:.2f}" \
+            in line and "(budget 10.000)" in line
+        assert line.endswith("kept in their place" if voice["kept"] else "not kept")
+        assert (found.selector.config.get("objective") == "voice_band") == voice["kept"]
+    else:
+        assert line.startswith("# voice band: none, ")
+    code, text, _ = cli(capsys, "generate", "--banks", str(out), "--selector",
+                        str(out / "selector"), "--prompt", "Hi", "--max-new-tokens", "2",
+                        "--model", model)
+    assert code == 0 and json.loads(text.splitlines()[0])["method"] == "memory"
+
+
 def test_persona_refuses_bad_input(tiny_dirs, tmp_path, capsys):
     code, _, err = cli(capsys, "persona", "--text", "  ", "--out", str(tmp_path / "p"),
                        "--model", tiny_dirs[0])
