@@ -109,7 +109,10 @@ def test_the_kv_ceiling_and_the_budget_skip_bands_and_bad_input_is_refused(six_l
                          (dict(prompts="Hi?"), "prompts must be a non-empty list"),
                          (dict(prompts=[]), "prompts must be a non-empty list"),
                          (dict(pairs=[]), "non-empty"),
-                         (dict(budget=float("nan")), "budget must be a finite number")):
+                         (dict(budget=float("nan")), "budget must be a finite number"),
+                         (dict(capability=object()), "needs a finite capability_ceiling"),
+                         (dict(capability=object(), capability_ceiling="prompt"),
+                          "needs a finite capability_ceiling")):
         arguments = {"prompts": PROMPTS, "pairs": pairs, **bad}
         with pytest.raises(ValueError, match=message):
             voice_band(model, tokenizer, text, arguments["pairs"], arguments["prompts"],

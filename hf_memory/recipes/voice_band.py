@@ -138,8 +138,8 @@ def voice_band(model, tokenizer, text: str, pairs: Sequence[ContrastPair], promp
     ``budget``; a band whose banks hold more than ``kv_ceiling`` times ``text``'s KV as a visible
     prompt (None: no ceiling) keeps the slots of highest :func:`slot_mass` that fit, and is not
     tried when not one fits. Returns ``{"layers", "rho", "cost", "capability", "judged",
-    "kv_fraction", "kv_bytes", "slots", "judge", "prompts", "trials"}`` (``slots``: the slot indices kept, None: all; the
-    banks are :func:`band_banks`) or None when no band fits; raises
+    "kv_fraction", "kv_bytes", "slots", "judge", "prompts", "trials"}`` (``slots``: the slot
+    indices kept, None: all; the banks are :func:`band_banks`) or None when no band fits; raises
     :class:`~hf_memory.metrics.reply_judge.JudgeTooWeakError` when the pairs give no judge.
     ``capability`` (an :class:`~hf_memory.metrics.factual.AnswerCost`): a gain must also cost
     the factual answers no more than ``capability_ceiling`` nats each. ``progress``: a bar over
@@ -162,12 +162,14 @@ def voice_band(model, tokenizer, text: str, pairs: Sequence[ContrastPair], promp
                                    or not kv_ceiling > 0):
         raise ValueError(f"kv_ceiling is a fraction of the prompt's KV above 0, or None; got "
                          f"{kv_ceiling!r}")
+    if capability is not None and (isinstance(capability_ceiling, bool) or not isinstance(
+            capability_ceiling, int | float) or not math.isfinite(capability_ceiling)):
+        raise ValueError(f"a capability probe needs a finite capability_ceiling, got "
+                         f"{capability_ceiling!r}")
     judge = ReplyJudge.fit(pairs)
     banks = persona_banks(model, tokenizer, text, recipe="prompt_like", sink_reads_banks=False)
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
     depth, slots_of = model.config.num_hidden_layers, banks.banks[0].num_slots
-    if capability is not None and capability_ceiling is None:
-        raise ValueError("a capability probe needs its capability_ceiling")
     trials, best = [], None
     for start in tqdm(band_starts(depth), desc="voice band", unit="band", disable=not progress):
         layers = list(range(start, depth))
