@@ -1,6 +1,6 @@
 """A persona made the README's way (``hf-memory persona --text ... --out DIR``) against the visible
-prompt and CAA within the same budget, on fresh held-out starter pairs: held-out shift, judged
-replies, KV, neutral and factual cost.
+prompt and CAA within the same budget (the call's, or its voice band's when it kept one), on
+fresh held-out starter pairs: held-out shift, judged replies, KV, neutral and factual cost.
 
 Usage: python -m experiments.mi_readme_persona DIR
 """
@@ -34,7 +34,9 @@ fresh = [q for q in everyday_questions() if q not in used][:16]
 held = starter_pairs(model, tok, text, prompts=fresh)
 cost = NeutralCost(model, tok)
 start = time.perf_counter()
-caa, chosen = calibrate_caa(model, tok, calib, cost=cost)
+voiced = (steering.voice or {}).get("kept", False)  # a voice band: CAA within its budget
+budget = steering.voice["budget"] if voiced else steering.selector.config["cost_budget"]
+caa, chosen = calibrate_caa(model, tok, calib, cost=cost, cost_budget=budget)
 caa_s = time.perf_counter() - start
 methods = {
     "plain": PlainMethod(),
@@ -70,7 +72,7 @@ for name in ("prompt", "caa", "memory"):
 judge = ReplyJudge.fit(calib, min_accuracy=None)
 judged = judge_methods(model, tok, judge, [q for q, _, _ in held], methods, max_new_tokens=40)
 print(f"# held-out pairs {len(held)}; judge held-out accuracy {judge.held_out_accuracy:.2f}; "
-      f"CAA layer {chosen['layer']}, scale {chosen['scale']} ({caa_s:.0f} s)")
+      f"CAA layer {chosen['layer']}, scale {chosen['scale']} within {budget:.3f} ({caa_s:.0f} s)")
 print(f"plain: judged {judged['plain']['judge_score']:.2f}")
 for name, r in rows.items():
     j = judged[name]
