@@ -118,3 +118,35 @@ def test_the_kv_ceiling_and_the_budget_skip_bands_and_bad_input_is_refused(six_l
             voice_band(model, tokenizer, text, arguments["pairs"], arguments["prompts"],
                        cost=cost, **{"budget": 1.0, **{k: v for k, v in bad.items()
                                                       if k not in ("prompts", "pairs")}})
+
+
+def test_slot_mass_in_padded_batches_equals_one_pair_at_a_time(six_layers, pirate):
+    """The batched fast path against the obvious reference: each pair alone, its target reply
+    teacher-forced after its prompt, the per-slot routing of the reply's tokens summed over the
+    band's layers, mean over heads."""
+    from hf_memory.chat.generation import chat_messages
+    from hf_memory.steering.handle import steer
+
+    model, tokenizer = six_layers
+    text, pairs = pirate
+    pairs = pairs[:5]
+    banks = persona_banks(model, tokenizer, text, recipe="prompt_like", sink_reads_banks=False)
+    layers = [3, 4, 5]
+    expected = torch.zeros(banks.banks[0].num_slots, dtype=torch.float64)
+    with steer(model, banks, layers=layers, layer_gains=dict.fromkeys(layers, 0.0)) as handle:
+        handle.record_routing(per_slot=True)
+        for prompt, reply, _ in pairs:
+            head = tokenizer(tokenizer.apply_chat_template(
+                chat_messages(prompt), tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False).input_ids
+            tail = tokenizer(reply, add_special_tokens=False).input_ids
+            with torch.no_grad():
+                model(torch.tensor([head + tail]))
+            recorded = handle.routing(clear=True)
+            for layer in layers:
+                (routing,) = recorded[layer]
+                expected += routing[0, :, len(head):, 1:].sum(1).mean(0).double()
+    for batch_size in (1, 2, 8):
+        torch.testing.assert_close(slot_mass(model, tokenizer, banks, pairs, layers,
+                                             batch_size=batch_size), expected,
+                                   rtol=1e-5, atol=1e-6)

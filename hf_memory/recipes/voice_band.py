@@ -51,29 +51,38 @@ def band_starts(num_layers: int) -> list[int]:
     return list(range(num_layers // 3, num_layers - max(2, num_layers // 6) + 1, 2))
 
 
-def slot_mass(model, tokenizer, banks, pairs: Sequence[ContrastPair], layers: Sequence[int]
-              ) -> torch.Tensor:
+def slot_mass(model, tokenizer, banks, pairs: Sequence[ContrastPair], layers: Sequence[int],
+              *, batch_size: int = 8) -> torch.Tensor:
     """``[M]``: per slot of ``banks``' one bank, the attention the persona's replies give it
     when it steers ``layers`` at ρ 0 (its slots beside the conversation's keys, as a visible
     prompt's would be): each pair's target reply teacher-forced after its prompt, the routing
-    per slot summed over the reply's tokens and ``layers``, averaged over query heads."""
+    per slot summed over the reply's tokens and ``layers``, averaged over query heads
+    (``batch_size`` pairs per left-padded pass)."""
     from hf_memory.chat.generation import chat_messages
+    from hf_memory.metrics.plain_states import left_padded
     from hf_memory.steering.handle import steer
 
     (bank,) = banks.banks
     device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rows = []
+    for prompt, reply, _ in pairs:
+        head = tokenizer.apply_chat_template(chat_messages(prompt), tokenize=False,
+                                             add_generation_prompt=True)
+        rows.append((tokenizer(head, add_special_tokens=False).input_ids,
+                     tokenizer(reply, add_special_tokens=False).input_ids))
     mass = torch.zeros(bank.num_slots, dtype=torch.float64)
     with steer(model, banks, layers=list(layers),
                layer_gains=dict.fromkeys(layers, 0.0)) as handle, torch.no_grad():
         handle.record_routing(per_slot=True)
-        for prompt, reply, _ in pairs:
-            head = tokenizer.apply_chat_template(chat_messages(prompt), tokenize=False,
-                                                 add_generation_prompt=True)
-            ids = tokenizer(head + reply, add_special_tokens=False).input_ids
-            start = len(tokenizer(head, add_special_tokens=False).input_ids)
-            model(torch.tensor([ids], device=device), use_cache=False)
+        for first in range(0, len(rows), batch_size):
+            chunk = rows[first:first + batch_size]
+            ids, mask, positions = left_padded([tuple(h + r) for h, r in chunk], pad, device)
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
             for (routing,) in handle.routing(clear=True).values():
-                mass += routing[0, :, start:, 1:].sum(1).mean(0).double().cpu()
+                for i, (_, reply) in enumerate(chunk):  # the reply: the row's last tokens
+                    if reply:
+                        mass += routing[i, :, -len(reply):, 1:].sum(1).mean(0).double().cpu()
     return mass
 
 
