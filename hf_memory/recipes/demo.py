@@ -146,14 +146,14 @@ def run_demo(
     band = spec.get("band") if shipped is not None else None
     if band:
         from hf_memory.recipes.persona import persona_banks
-        from hf_memory.recipes.voice_band import band_banks as keeping
+        from hf_memory.recipes.voice_band import band_banks
 
-        band_banks = keeping(persona_banks(model, tokenizer, persona, recipe="prompt_like",
-                                           sink_reads_banks=False), band.get("slots"))
-        methods["band"] = MemoryMethod(band_banks, layers=band["layers"],
+        band_set = band_banks(persona_banks(model, tokenizer, persona, recipe="prompt_like",
+                                            sink_reads_banks=False), band.get("slots"))
+        methods["band"] = MemoryMethod(band_set, layers=band["layers"],
                                        layer_gains=dict.fromkeys(band["layers"], band["rho"]))
         slots = ("" if band.get("slots") is None
-                 else f", {len(band['slots'])} of {band_banks.banks[0].provenance['slots_of']} "
+                 else f", {len(band['slots'])} of {band_set.banks[0].provenance['slots_of']} "
                       "slots")
         details["band"] = (f"layers {band['layers'][0]}-{band['layers'][-1]}, "
                            f"rho {band['rho']:g}, prompt_like{slots}")
@@ -167,7 +167,7 @@ def run_demo(
         seconds[name] = time.perf_counter() - start
     descriptor_ids = tokenizer(persona, return_tensors="pt", add_special_tokens=False).input_ids
     footprint = kv_footprint(model, bank_set, descriptor_ids, layers=sorted(sites))
-    band_footprint = (kv_footprint(model, band_banks, descriptor_ids, layers=band["layers"])
+    band_footprint = (kv_footprint(model, band_set, descriptor_ids, layers=band["layers"])
                       if band else None)
     quality = {name: repetition(replies) for name, replies in answers.items() if replies}
     neutral = NeutralCost(model, tokenizer)

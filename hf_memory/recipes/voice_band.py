@@ -107,7 +107,7 @@ def band_selector(model, text: str, band: dict[str, Any]):
     layers = list(band["layers"])
     heads = list(range(model.config.num_attention_heads))
     record = {k: band[k] for k in ("layers", "rho", "cost", "capability", "judged",
-                                   "kv_fraction", "kv_bytes", "slots")}
+                                   "kv_fraction", "slots")}  # its bytes: config["kv_bytes"]
     return Selector(layers=layers, units={layer: heads for layer in layers}, unit_type="head",
                     layer_gains=dict.fromkeys(layers, float(band["rho"])),
                     candidate_layers=layers, fingerprint=model_fingerprint(model),
